@@ -1,0 +1,1 @@
+"""Bundling a compiled model into a static site, and serving it locally."""

@@ -1,0 +1,79 @@
+"""Write a build folder: the schedule module, weights, shaders and manifest
+(and, as later stages land, the browser runtime and demo page).
+
+Output layout (stable; see docs/schedule-module.md):
+
+    DIR/manifest.json      model name, inputs, outputs, sizes, build options, version
+    DIR/model.wrm          the schedule module
+    DIR/weights.bin        the weights blob
+    DIR/shaders/*.wgsl     every executable, for reading (the module embeds them)
+
+Builds are reproducible: no timestamps, stable ordering, same bytes twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ..compiler.driver import compile_model
+from ..compiler.graph import ONNX_TYPE_NAMES
+from ..module import write_module
+
+MODULE_FILE = "model.wrm"
+WEIGHTS_FILE = "weights.bin"
+MANIFEST_FILE = "manifest.json"
+
+
+def _type_name(t: int) -> str:
+    return ONNX_TYPE_NAMES.get(t, str(t)).lower()
+
+
+def write_build(result, out_dir, options: dict) -> dict:
+    from .. import __version__
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shader_dir = out / "shaders"
+    if shader_dir.exists():
+        shutil.rmtree(shader_dir)
+    shader_dir.mkdir()
+    module_bytes = write_module(result.module)
+    (out / MODULE_FILE).write_bytes(module_bytes)
+    (out / WEIGHTS_FILE).write_bytes(result.weights)
+    for name, text in result.shaders:
+        (shader_dir / name).write_text(text)
+    m = result.module
+    manifest = {
+        "format": "webiree-site",
+        "webiree_version": __version__,
+        "model": m.info.get("model", "model"),
+        "inputs": [{"name": io.name, "shape": list(io.shape), "type": _type_name(io.onnx_type)} for io in m.inputs],
+        "outputs": [{"name": io.name, "shape": list(io.shape), "type": _type_name(io.onnx_type)} for io in m.outputs],
+        "files": {"module": MODULE_FILE, "weights": WEIGHTS_FILE, "shaders": [n for n, _ in result.shaders]},
+        "sizes": {"module_bytes": len(module_bytes), "weights_bytes": len(result.weights),
+                  "arena_bytes": result.plan.arena_peak},
+        "dispatches": len(result.dispatches),
+        "executables": len(m.executables),
+        "build_options": options,
+        "limits": m.limits,
+    }
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=()):
+    """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
+
+    input_shapes: {input name: [dims]} pins symbolic dims.
+    limits: 'default' (WebGPU defaults; runs anywhere), 'adapter', or a dict.
+    Returns the CompileResult (dispatches, memory plan, module, ...).
+    """
+    shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
+    result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after)
+    options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
+               "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
+    result.manifest = write_build(result, out_dir, options)
+    return result

@@ -1,0 +1,1 @@
+"""The compiler: ONNX -> graph IR -> canonical program -> dispatches -> schedule module."""

@@ -1,0 +1,150 @@
+"""The compiler pipeline, stage by stage (DESIGN.md: data flows one way).
+
+    import -> lower (fold constants, canonical ops) -> dce -> fuse -> dce
+           -> plan memory -> kernels (config + kernel IR + WGSL, naga-validated)
+           -> schedule module + weights blob
+
+`compile_model` returns every stage's product in a `CompileResult`;
+`--dump-after STAGE` prints one of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..module import format as F
+from ..wgsl_codegen import config as C
+from ..wgsl_codegen import kernels as K
+from ..wgsl_codegen import wgsl
+from . import memory, passes
+from .importer import import_model
+from .lowering import lower
+
+STAGES = ("import", "lower", "fuse", "memory", "kernels")
+
+
+@dataclass
+class CompileResult:
+    module: F.Module
+    weights: bytes
+    shaders: list[tuple[str, str]]      # (file name, WGSL) one per executable
+    dispatches: list[K.Dispatch]
+    plan: memory.MemoryPlan
+    program: object
+    graph: object
+    limits: dict
+    dumps: dict = field(default_factory=dict)
+
+
+def resolve_limits(limits) -> dict:
+    """'default' (WebGPU's defaults: runs on any adapter), 'adapter' (this machine's), or a dict."""
+    if limits in (None, "default"):
+        return dict(C.DEFAULT_LIMITS)
+    if limits == "adapter":
+        from ..hal_webgpu.wgpu_driver import adapter_limits
+        have = adapter_limits()
+        out = dict(C.DEFAULT_LIMITS)
+        out.update({k: have[k] for k in out if k in have})
+        return out
+    out = dict(C.DEFAULT_LIMITS)
+    out.update(limits)
+    return out
+
+
+def _file_name(i: int, name: str) -> str:
+    return f"{i:03d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:60]}.wgsl"
+
+
+def compile_model(model, input_shapes=None, limits=None, validate: bool = True, dump_after=()) -> CompileResult:
+    lim = resolve_limits(limits)
+    dumps = {}
+    graph = import_model(model, input_shapes)
+    if "import" in dump_after:
+        dumps["import"] = graph.summary()
+    prog = lower(graph)
+    passes.dce(prog)
+    if "lower" in dump_after:
+        dumps["lower"] = prog.summary()
+    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"])
+    passes.dce(prog)
+    if "fuse" in dump_after:
+        dumps["fuse"] = prog.summary()
+    plan = memory.plan_memory(prog, lim)
+    if "memory" in dump_after:
+        dumps["memory"] = plan.summary() + "\n" + "\n".join(
+            f"  {n:<40} buffer {p.buffer} offset {p.offset} size {p.size}" for n, p in plan.placement.items())
+
+    dispatches = [K.build(op, prog, C.choose(op, prog, lim), lim) for op in prog.ops]
+    sources: dict[str, int] = {}
+    executables, shaders, exec_of = [], [], []
+    for d in dispatches:
+        text = wgsl.render(d.kernel)
+        # the first line names the kernel; identical bodies share one executable
+        body = text.split("\n", 1)[1]
+        if body not in sources:
+            sources[body] = len(executables)
+            fname = _file_name(len(executables), d.name)
+            executables.append(F.Executable(d.name, "wgsl", text.encode("utf-8"), "main", d.kernel.workgroup_size,
+                                            [(b.slot, b.writes) for b in d.kernel.bindings]))
+            shaders.append((fname, text))
+        exec_of.append(sources[body])
+    if validate:
+        from ..hal_webgpu.wgpu_driver import validate_wgsl
+        for ex, (fname, text) in zip(executables, shaders):
+            validate_wgsl(ex.name, text)
+    if "kernels" in dump_after:
+        dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
+
+    module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
+    return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps)
+
+
+def _schedule(prog, plan, dispatches, exec_of, executables, lim):
+    # weights blob: pages one after another, each 256-aligned in the file
+    pages = [i for i, b in enumerate(plan.buffers) if b.kind == "weights"]
+    page_offset, pos = {}, 0
+    for i in pages:
+        pos = memory.align(pos, 256)
+        page_offset[i] = pos
+        pos += plan.buffers[i].size
+    blob = bytearray(pos)
+    for name, page, off in plan.weights:
+        data = np.ascontiguousarray(prog.tensors[name].data)
+        if data.dtype == np.bool_:
+            data = data.astype(np.uint32)
+        raw = data.astype(data.dtype.newbyteorder("<")).tobytes()
+        start = page_offset[page] + off
+        blob[start:start + len(raw)] = raw
+    buffers = [F.BufferInfo(b.kind, b.size, page_offset.get(i, 0), b.name) for i, b in enumerate(plan.buffers)]
+
+    def io(tensor_name, shown_name):
+        root = prog.root(tensor_name)
+        t, p = prog.tensors[tensor_name], plan.placement[root]
+        return F.IOInfo(shown_name, prog.tensors[root].dtype, int(prog.io_types[tensor_name]), tuple(t.shape),
+                        p.buffer, p.offset, 4 * int(np.prod(t.shape, dtype=np.int64)))
+
+    inputs = [io(n, n) for n in prog.inputs]
+    outputs = [io(n, shown) for n, shown in zip(prog.outputs, prog.output_names)]
+    commands = [(F.OP_UPLOAD_INPUT, i) for i in range(len(inputs))]
+    info_dispatches = []
+    for d, ex in zip(dispatches, exec_of):
+        binds = []
+        for slot, tensor in enumerate(d.tensors):
+            p = plan.placement[prog.root(tensor)]
+            binds.append((slot, p.buffer, p.offset, p.size))
+        commands.append((F.OP_DISPATCH, ex, *d.grid, binds))
+        info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": list(d.grid),
+                                "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors})
+    commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
+    info = {
+        "model": prog.name,
+        "dispatches": info_dispatches,
+        "memory": {"arena_peak": plan.arena_peak, "intermediates_sum": plan.intermediates_sum,
+                   "max_live": plan.max_live, "weights": sum(b.size for b in plan.buffers if b.kind == "weights")},
+        "views": sorted(n for n, t in prog.tensors.items() if t.alias_of is not None),
+    }
+    limits = {k: int(v) for k, v in lim.items()}
+    return F.Module(executables, buffers, inputs, outputs, commands, limits, info), bytes(blob)

@@ -1,0 +1,201 @@
+"""Import: ONNX ModelProto (path, bytes or proto) -> Graph IR.
+
+Resolves symbolic input dims from user-pinned shapes, runs ONNX shape
+inference, and turns initializers into numpy constants. Every problem with
+the file itself is a `ModelError`; a dim that cannot be resolved is a
+`ShapeError` that names the `--input-shape` to pass.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import ModelError, ShapeError
+from .graph import Graph, Node, TensorType
+
+MIN_OPSET, MAX_OPSET = 7, 23
+
+
+def load_model_proto(model) -> onnx.ModelProto:
+    """Accept a path, raw bytes or a ModelProto; external data is loaded from
+    beside the file."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        try:
+            proto = onnx.load_from_string(bytes(model))
+        except Exception as e:  # protobuf DecodeError and friends
+            raise ModelError(f"these bytes are not an ONNX model ({type(e).__name__})",
+                             hint="pass the bytes of a .onnx file") from None
+        _check_external(proto, None)
+        return proto
+    path = Path(os.fspath(model))
+    if not path.exists():
+        raise ModelError(f"no such file: {path}", hint="check the path of the .onnx model")
+    if path.is_dir():
+        raise ModelError(f"{path} is a folder, not an ONNX file", hint="give the path of a .onnx file")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        raise ModelError(f"{path.name} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})",
+                         hint="the file must be a serialized onnx.ModelProto") from None
+    _check_external(proto, path.parent)
+    try:
+        onnx.load_external_data_for_model(proto, str(path.parent))
+    except Exception as e:
+        raise ModelError(f"cannot load the external data of {path.name}: {e}",
+                         hint="keep the .data file(s) beside the model, as exported") from None
+    return proto
+
+
+def _check_external(proto: onnx.ModelProto, base: Path | None):
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = {e.key: e.value for e in t.external_data}.get("location", "")
+            if base is None:
+                raise ModelError(f"initializer {t.name!r} keeps its data in an external file ({loc})",
+                                 hint="compile from the file path so its external data can be found")
+            target = (base / loc).resolve()
+            if not str(target).startswith(str(base.resolve())) or not target.exists():
+                raise ModelError(f"external data file {loc!r} of initializer {t.name!r} is missing or outside the model's folder",
+                                 hint="keep the .data file(s) beside the model, as exported")
+
+
+def _attr_value(a: onnx.AttributeProto):
+    v = helper.get_attribute_value(a)
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode("utf-8", "replace") for x in v]
+    return v
+
+
+def _dims(vi: onnx.ValueInfoProto):
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def import_model(model, input_shapes: dict | None = None) -> Graph:
+    proto = load_model_proto(model)
+    input_shapes = dict(input_shapes or {})
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        raise ModelError(f"the model is not valid ONNX: {str(e).splitlines()[0][:300]}",
+                         hint="re-export the model, or run onnx.checker.check_model to see the problem") from None
+    g = proto.graph
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise ModelError("the model imports no default ONNX opset", hint="re-export with a standard opset (11 to 21)")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}",
+                         hint="convert with onnx.version_converter to opset 17")
+
+    init_names = {t.name for t in g.initializer}
+    real_inputs = [vi for vi in g.input if vi.name not in init_names]
+    unknown = set(input_shapes) - {vi.name for vi in real_inputs}
+    if unknown:
+        raise ShapeError(f"--input-shape names no input of the model: {sorted(unknown)}",
+                         hint=f"the inputs are {[vi.name for vi in real_inputs]}")
+
+    # pin symbolic dims: the user's shapes first, then dim_params resolved by name
+    symbolic, unresolved, by_param = {}, [], {}
+    for vi in real_inputs:
+        dims = _dims(vi)
+        if dims is None:
+            dims = input_shapes.get(vi.name)
+            if dims is None:
+                unresolved.append((vi.name, "?"))
+                continue
+        symbolic[vi.name] = list(dims)
+        if vi.name in input_shapes:
+            want = [int(x) for x in input_shapes[vi.name]]
+            if len(want) != len(dims):
+                raise ShapeError(f"--input-shape {vi.name} gives {len(want)} dims, the model's input has {len(dims)}",
+                                 hint=f"the model declares {vi.name} as {dims}")
+            for d, w in zip(dims, want):
+                if isinstance(d, int) and d > 0 and d != w:
+                    raise ShapeError(f"--input-shape {vi.name}: dim {w} contradicts the model's fixed dim {d}",
+                                     hint=f"the model declares {vi.name} as {dims}")
+                if isinstance(d, str):
+                    by_param[d] = w
+    for vi in real_inputs:
+        if vi.name not in symbolic:
+            continue
+        dims = input_shapes.get(vi.name) or [by_param.get(d, d) if isinstance(d, str) else d for d in symbolic[vi.name]]
+        if any(not isinstance(d, int) or d is None or d < 0 for d in dims):
+            unresolved.append((vi.name, symbolic[vi.name]))
+            continue
+        if any(d == 0 for d in dims) and vi.name not in input_shapes:
+            unresolved.append((vi.name, symbolic[vi.name]))
+            continue
+        shape = vi.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+    if unresolved:
+        parts = ", ".join(f"{n} {d}" for n, d in unresolved)
+        example = " ".join(f"--input-shape {n}=" + ",".join("1" if not isinstance(x, int) or x <= 0 else str(x)
+                                                           for x in (d if isinstance(d, list) else [1]))
+                           for n, d in unresolved)
+        raise ShapeError(f"cannot resolve the shape of input(s): {parts}",
+                         hint=f"pin every symbolic dim, e.g. {example}")
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        inferred = proto  # our own shape rules still run during lowering
+    types: dict[str, TensorType] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dims = _dims(vi)
+        if dims is None or any(not isinstance(d, int) for d in dims):
+            continue
+        types[vi.name] = TensorType(tuple(dims), vi.type.tensor_type.elem_type)
+
+    constants = {}
+    for t in g.initializer:
+        try:
+            constants[t.name] = numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelError(f"initializer {t.name!r} is corrupt: {str(e)[:160]}",
+                             hint="its byte count must match its shape and type; re-export the model") from None
+        types[t.name] = TensorType(tuple(constants[t.name].shape), t.data_type)
+
+    nodes = []
+    seen_names: set[str] = set()
+    for i, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{i}"
+        if name in seen_names:
+            name = f"{name}_{i}"
+        seen_names.add(name)
+        try:
+            attrs = {a.name: _attr_value(a) for a in n.attribute}
+        except Exception as e:
+            raise ModelError(f"an attribute is corrupt: {e}", node=name, op=n.op_type) from None
+        nodes.append(Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain, n))
+
+    outputs = [o.name for o in g.output]
+    for o in outputs:
+        if not o:
+            raise ModelError("the graph has an output with an empty name")
+    return Graph(name=g.name or "model", inputs=[vi.name for vi in real_inputs], outputs=outputs,
+                 nodes=nodes, types=types, constants=constants, opset=opset, symbolic_inputs=symbolic)
+
+
+def pinned_input_types(proto: onnx.ModelProto, graph: Graph) -> dict:
+    """name -> (shape, elem_type) of each real graph input after pinning."""
+    return {n: (graph.types[n].shape, graph.types[n].elem_type) for n in graph.inputs}
+
+
+__all__ = ["import_model", "load_model_proto", "np"]

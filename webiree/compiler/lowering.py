@@ -1,0 +1,302 @@
+"""Lowering: Graph IR (ONNX nodes) -> Program (canonical ops).
+
+Walks the nodes in order. A node whose inputs are all constants is folded
+with ONNX's reference evaluator (so shape subgraphs vanish); every other node
+goes to its op's handler in `ops/`, found by name (DESIGN.md contract 1). A
+handler computes its output shapes (the op's shape rule) and emits canonical
+ops through the `Lowering` context below.
+
+Every unsupported node is collected and reported in one error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, WebireeError
+from ..wgsl_codegen import kir
+from ..wgsl_codegen.kir import Expr
+from .graph import ONNX_TYPE_NAMES, Graph, Node, internal_dtype, internal_of_numpy
+from .program import Generic, Op, Program, Tensor, coords_of, flat_of, numel
+from .program import O as OUT_INDEX
+
+MAX_ELEMENTS = (1 << 31) - 1         # i32 index math
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+
+
+def to_internal_array(a: np.ndarray, what: str) -> np.ndarray:
+    """Convert a constant to its runtime storage type (int64 narrowed with a range check)."""
+    dt = internal_of_numpy(a.dtype)
+    if dt is None:
+        if a.dtype == np.float64 or a.dtype == np.float16:
+            return a.astype(np.float32)
+        raise UnsupportedOpError(f"constant {what!r} has element type {a.dtype}, which WebGPU kernels cannot hold",
+                                 hint="export the model with float32 / int32 / int64 / bool tensors")
+    if dt == "i32" and a.dtype != np.int32:
+        if a.size and (a.min() < -(1 << 31) or a.max() >= (1 << 31)):
+            raise ShapeError(f"constant {what!r} holds int64 values outside the int32 range WGSL can hold",
+                             hint="such values must only be used by ops that are folded at compile time")
+        return a.astype(np.int32)
+    if dt == "bool":
+        return a.astype(np.bool_)
+    return a
+
+
+class Lowering:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.consts: dict[str, np.ndarray] = dict(graph.constants)   # ONNX-typed values
+        self.tensors: dict[str, Tensor] = {}
+        self.ops: list[Op] = []
+        self.onnx_types: dict[str, int] = {}
+        self._names: set[str] = set()
+        self.node: Node | None = None
+        self.pad_info: dict[str, tuple] = {}   # zero-Pad output -> (its input, spatial pads)
+        for name in graph.inputs:
+            t = graph.types[name]
+            dt = internal_dtype(t.elem_type)
+            if dt is None:
+                raise UnsupportedOpError(
+                    f"input {name!r} has element type {ONNX_TYPE_NAMES.get(t.elem_type, t.elem_type)}, "
+                    "which WebGPU cannot compute with",
+                    hint="use float32, int32, int64 or bool inputs")
+            self.tensors[name] = Tensor(name, tuple(t.shape), dt, kind="input")
+            self.onnx_types[name] = t.elem_type
+
+    # --- queries ---------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return name in self.consts or name in self.tensors
+
+    def const(self, name: str):
+        """The constant value of a tensor, or None if it is computed at run time."""
+        if not name:
+            return None
+        return self.consts.get(name)
+
+    def shape(self, name: str) -> tuple:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        if name in self.tensors:
+            return self.tensors[name].shape
+        raise ModelError(f"tensor {name!r} is used before it is produced",
+                         node=self.node.name if self.node else None, op=self.node.op if self.node else None,
+                         hint="the graph is not topologically sorted or names a missing tensor")
+
+    def dtype(self, name: str) -> str:
+        if name in self.consts:
+            dt = internal_of_numpy(self.consts[name].dtype)
+            return dt or "f32"
+        self.shape(name)
+        return self.tensors[name].dtype
+
+    def rank(self, name: str) -> int:
+        return len(self.shape(name))
+
+    def root(self, name: str) -> str:
+        t = self.tensors[name]
+        while t.alias_of is not None:
+            t = self.tensors[t.alias_of]
+        return t.name
+
+    def fresh(self, base: str) -> str:
+        i, name = 0, base
+        while name in self._names or name in self.tensors or name in self.consts:
+            i += 1
+            name = f"{base}__{i}"
+        self._names.add(name)
+        return name
+
+    def pad_source(self, name: str):
+        """(input, spatial pads) if `name` is a zero constant Pad of spatial dims."""
+        return self.pad_info.get(name)
+
+    # --- reading tensors inside expressions --------------------------------
+    def _const_tensor(self, name: str) -> str:
+        if name not in self.tensors:
+            data = to_internal_array(np.ascontiguousarray(self.consts[name]), name)
+            self.tensors[name] = Tensor(name, tuple(data.shape), internal_of_numpy(data.dtype), kind="const", data=data)
+        return name
+
+    def buffer(self, name: str) -> str:
+        """The tensor whose buffer holds `name` (for anchors that bind it directly)."""
+        if self.const(name) is not None:
+            return self._const_tensor(name)
+        self.shape(name)
+        return self.root(name)
+
+    def read_flat(self, name: str, flat: Expr) -> Expr:
+        c = self.const(name)
+        if c is not None:
+            if c.size == 1:
+                v = c.reshape(-1)[0]
+                dt = internal_of_numpy(c.dtype) or "f32"
+                return kir.const(bool(v) if dt == "bool" else (float(v) if dt == "f32" else int(v)), dt)
+            self._const_tensor(name)
+            return kir.load(name, flat, self.tensors[name].dtype)
+        if name not in self.tensors:
+            self.shape(name)  # raises the clear error
+        root = self.root(name)
+        return kir.load(root, flat, self.tensors[root].dtype)
+
+    def read(self, name: str, coords: list[Expr]) -> Expr:
+        return self.read_flat(name, flat_of(coords, self.shape(name)))
+
+    def read_bcast(self, name: str, out_shape, coords: list[Expr]) -> Expr:
+        """Read with numpy broadcasting of `name` against `out_shape`."""
+        shape = self.shape(name)
+        k = len(out_shape) - len(shape)
+        cs = [kir.i32(0) if shape[i] == 1 else coords[k + i] for i in range(len(shape))]
+        return self.read(name, cs)
+
+    # --- producing tensors -------------------------------------------------
+    def _new(self, name: str, shape, dtype: str) -> Tensor:
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"negative dimension in output shape {shape}", node=self.node.name, op=self.node.op)
+        if numel(shape) > MAX_ELEMENTS:
+            raise ShapeError(f"tensor {name!r} of shape {shape} has more elements than 32-bit indexing allows",
+                             node=self.node.name, op=self.node.op, hint="use a smaller input shape")
+        t = Tensor(name, shape, dtype)
+        self.tensors[name] = t
+        self._names.add(name)
+        return t
+
+    def set_const(self, name: str, value) -> None:
+        self.consts[name] = np.asarray(value)
+
+    def generic(self, out: str, shape, dtype: str, fn) -> None:
+        """Emit out[coords] = fn(coords) as one Generic op."""
+        t = self._new(out, shape, dtype)
+        expr = fn(coords_of(OUT_INDEX, t.shape))
+        if expr.dtype != dtype:
+            expr = kir.cast(expr, dtype)
+        self.ops.append(Generic(name=self.fresh(self.node.name), out=out, nodes=[self.node.name], expr=expr))
+
+    def view(self, out: str, src: str, shape) -> None:
+        """out is `src` with another shape (same elements, same order): no dispatch."""
+        shape = tuple(int(d) for d in shape)
+        if numel(shape) != numel(self.shape(src)):
+            raise ShapeError(f"cannot view {self.shape(src)} as {shape}", node=self.node.name, op=self.node.op)
+        c = self.const(src)
+        if c is not None:
+            self.set_const(out, c.reshape(shape))
+            return
+        t = self._new(out, shape, self.dtype(src))
+        t.alias_of = self.root(src)
+
+    def anchor(self, op: Op, shape, dtype: str = "f32") -> None:
+        """Register an anchor op (MatMul, Conv, ...) writing a new tensor."""
+        self._new(op.out, shape, dtype)
+        op.name = self.fresh(op.name or self.node.name)
+        self.ops.append(op)
+
+    def temp(self, base: str) -> str:
+        return self.fresh(f"{self.node.outputs[0] if self.node.outputs else self.node.name}:{base}")
+
+
+def fold_node(node: Node, values: list, opset: int) -> list[np.ndarray]:
+    """Evaluate one node on constant inputs with onnx's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = []
+    for name, v in zip(node.inputs, values):
+        if name:
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
+    outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
+    g = helper.make_graph([node.proto], "fold", inputs, outputs)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    feeds = {n: v for n, v in zip(node.inputs, values) if n}
+    res = ReferenceEvaluator(m).run(None, feeds)
+    return [np.asarray(r) for r in res]
+
+
+def lower(graph: Graph) -> Program:
+    from . import ops as registry
+
+    ctx = Lowering(graph)
+    unsupported: list[tuple[str, str, str]] = []
+    blocked: set[str] = set()
+    for node in graph.nodes:
+        ctx.node = node
+        if node.domain not in ("", "ai.onnx"):
+            unsupported.append((node.name, f"{node.domain}.{node.op}", "custom domain"))
+            blocked.update(node.outputs)
+            continue
+        if any(i in blocked for i in node.inputs if i):
+            blocked.update(node.outputs)
+            continue
+        for i in node.inputs:
+            if i and not ctx.has(i):
+                raise ModelError(f"input {i!r} is not produced by any earlier node, initializer or graph input",
+                                 node=node.name, op=node.op, hint="the graph is malformed; re-export it")
+        handler = registry.OPS.get(node.op)
+        all_const = all(ctx.const(i) is not None for i in node.inputs if i)
+        try:
+            if all_const and node.op not in NONDETERMINISTIC and not registry.never_fold(node.op):
+                try:
+                    values = fold_node(node, [ctx.const(i) if i else None for i in node.inputs], graph.opset)
+                except Exception as e:
+                    if handler is None:
+                        raise ModelError(f"cannot evaluate constant node: {str(e).splitlines()[0][:200]}",
+                                         node=node.name, op=node.op) from None
+                    handler(ctx, node)
+                else:
+                    for o, v in zip([o for o in node.outputs if o], values):
+                        ctx.set_const(o, v)
+                continue
+            if handler is None:
+                unsupported.append((node.name, node.op, "not implemented"))
+                blocked.update(node.outputs)
+                continue
+            handler(ctx, node)
+        except registry.Unsupported as e:
+            unsupported.append((node.name, node.op, str(e)))
+            blocked.update(node.outputs)
+            continue
+        except WebireeError as e:
+            if e.node is None:
+                e.node, e.op = node.name, node.op
+                e.args = (e._format(),)
+            raise
+        except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError, OverflowError) as e:
+            raise ModelError(f"cannot lower this node ({type(e).__name__}: {str(e)[:200]})",
+                             node=node.name, op=node.op, hint="check the node's attributes and input shapes") from None
+        for o in node.outputs:
+            if o and not ctx.has(o):
+                raise CompilerBug(f"handler for {node.op} did not produce output {o!r}", node=node.name, op=node.op)
+    if unsupported:
+        listing = "; ".join(f"{op} ({name}): {why}" for name, op, why in unsupported)
+        ops = sorted({op for _, op, _ in unsupported})
+        raise UnsupportedOpError(f"{len(unsupported)} node(s) use unsupported ops {ops}: {listing}",
+                                 hint="see docs/conformance.md for the supported op set")
+    ctx.node = Node("outputs", "Output", [], [], {})
+    outputs = []
+    for name in graph.outputs:
+        if not ctx.has(name):
+            raise ModelError(f"graph output {name!r} is never produced")
+        # every output owns its buffer: constants, inputs and views of them are copied
+        needs_copy = name in ctx.consts or ctx.tensors[name].kind == "input" or \
+            ctx.tensors[ctx.root(name)].kind in ("input", "const") or name in outputs
+        if needs_copy:
+            src = name
+            copy = ctx.fresh(f"{name}:out")
+            ctx.generic(copy, ctx.shape(src), ctx.dtype(src), lambda cs, s=src: ctx.read(s, cs))
+            name_out = copy
+        else:
+            name_out = name
+        outputs.append(name_out)
+        ctx.onnx_types[name_out] = graph.types[name].elem_type if name in graph.types else _default_onnx_type(ctx, name)
+    prog = Program(graph.name, ctx.tensors, ctx.ops, list(graph.inputs), outputs, list(graph.outputs))
+    for name, out in zip(graph.outputs, outputs):
+        prog.tensors[ctx.root(out)].kind = "output"
+    prog.io_types = {n: ctx.onnx_types[n] for n in list(graph.inputs) + outputs}
+    return prog
+
+
+def _default_onnx_type(ctx: Lowering, name: str) -> int:
+    dt = ctx.dtype(name)
+    return {"f32": onnx.TensorProto.FLOAT, "i32": onnx.TensorProto.INT64, "u32": onnx.TensorProto.UINT32,
+            "bool": onnx.TensorProto.BOOL}[dt]

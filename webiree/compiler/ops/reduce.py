@@ -1,0 +1,117 @@
+"""Reductions and normalizations: Softmax/LogSoftmax, Reduce*, ArgMax/ArgMin,
+LayerNormalization.
+
+Each lowers to an anchor that reduces the middle axis of an [outer, R, inner]
+view; reductions over axes that are not contiguous first move them together
+with a transpose (a Generic op).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..program import LayerNorm, Reduce, Softmax
+from . import Unsupported, register
+from .common import const_ints, norm_axis
+
+
+def _split3(shape, first: int, last: int):
+    """outer, R, inner of `shape` with axes [first, last) reduced."""
+    return int(np.prod(shape[:first])), int(np.prod(shape[first:last])), int(np.prod(shape[last:]))
+
+
+@register("Softmax", "LogSoftmax")
+def softmax(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    if ctx.graph.opset < 13:
+        axis = norm_axis(node.attr("axis", 1), len(s))
+        outer, r, inner = _split3(s, axis, len(s))
+    else:
+        axis = norm_axis(node.attr("axis", -1), len(s))
+        outer, r, inner = _split3(s, axis, axis + 1)
+    op = Softmax(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
+                 outer=outer, r=r, inner=inner, log=node.op == "LogSoftmax")
+    ctx.anchor(op, s)
+
+
+REDUCE_MODES = {
+    "ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod",
+    "ReduceL1": "l1", "ReduceL2": "l2", "ReduceLogSum": "logsum", "ReduceLogSumExp": "logsumexp",
+    "ReduceSumSquare": "sumsquare", "ArgMax": "argmax", "ArgMin": "argmin",
+}
+
+
+@register(*REDUCE_MODES)
+def reduce(ctx, node):
+    x = node.inputs[0]
+    s = list(ctx.shape(x))
+    rank = len(s)
+    mode = REDUCE_MODES[node.op]
+    keep = node.attr("keepdims", 1)
+    if mode in ("argmax", "argmin"):
+        axes = [norm_axis(node.attr("axis", 0), rank)]
+    else:
+        uses_input = node.op == "ReduceSum" and ctx.graph.opset >= 13 or ctx.graph.opset >= 18
+        axes = const_ints(ctx, node, 1) if uses_input else node.attr("axes")
+        if uses_input and node.input(1) == "" and axes is None:
+            axes = None
+        if axes is None or len(axes) == 0:
+            if node.attr("noop_with_empty_axes", 0):
+                ctx.view(node.outputs[0], x, s)
+                return
+            axes = list(range(rank))
+        axes = sorted({norm_axis(a, rank) for a in axes})
+    dt = "i32" if mode in ("argmax", "argmin") else ctx.dtype(x)
+    if ctx.dtype(x) != "f32" and mode not in ("sum", "max", "min", "prod", "argmax", "argmin"):
+        raise Unsupported(f"{node.op} on {ctx.dtype(x)} tensors")
+    out_keep = [1 if i in axes else d for i, d in enumerate(s)]
+    out_shape = out_keep if keep else [d for i, d in enumerate(s) if i not in axes]
+    src = x
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        # gather the reduced axes at the end with a transpose
+        perm = [i for i in range(rank) if i not in axes] + axes
+        src = ctx.temp("moved")
+        tshape = [s[p] for p in perm]
+
+        def rule(cs, perm=perm):
+            coords = [None] * rank
+            for i, p in enumerate(perm):
+                coords[p] = cs[i]
+            return ctx.read(x, coords)
+        ctx.generic(src, tshape, ctx.dtype(x), rule)
+        outer, r, inner = _split3(tshape, rank - len(axes), rank)
+    else:
+        outer, r, inner = _split3(s, axes[0], axes[-1] + 1)
+    op = Reduce(name=node.name, out=ctx.temp("red"), nodes=[node.name], x=ctx.buffer(src), mode=mode,
+                outer=outer, r=r, inner=inner, select_last=bool(node.attr("select_last_index", 0)))
+    ctx.anchor(op, out_keep, dt)
+    if mode in ("argmax", "argmin"):
+        ctx.onnx_types[node.outputs[0]] = 7
+    ctx.view(node.outputs[0], op.out, out_shape)
+
+
+@register("LayerNormalization")
+def layernorm(ctx, node):
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.input(2)
+    s = ctx.shape(x)
+    axis = norm_axis(node.attr("axis", -1), len(s))
+    if len([o for o in node.outputs if o]) > 1:
+        raise Unsupported("LayerNormalization Mean/InvStdDev outputs")
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("LayerNormalization on non-float tensors")
+    outer, r, _ = _split3(s, axis, len(s))
+    if int(np.prod(ctx.shape(scale))) != r or (bias and int(np.prod(ctx.shape(bias))) != r):
+        scale_b = ctx.temp("scale")
+        rs = s[axis:]
+        ctx.generic(scale_b, rs, "f32", lambda cs: ctx.read_bcast(scale, rs, cs))
+        scale = scale_b
+        if bias:
+            bias_b = ctx.temp("bias")
+            ctx.generic(bias_b, rs, "f32", lambda cs: ctx.read_bcast(bias, rs, cs))
+            bias = bias_b
+    op = LayerNorm(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
+                   scale=ctx.buffer(scale), bias=ctx.buffer(bias) if bias else "", outer=outer, r=r,
+                   eps=float(node.attr("epsilon", 1e-5)))
+    ctx.anchor(op, s)

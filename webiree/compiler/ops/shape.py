@@ -1,0 +1,318 @@
+"""Shape and data-movement ops.
+
+Reshape-like ops become views (no dispatch). Everything else here is an index
+map: a Generic op whose expression reads the input at coordinates computed
+from the output coordinates. Index reads are clamped into range so a bad
+index can never read outside a buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from ...wgsl_codegen import kir
+from ...wgsl_codegen.kir import select
+from . import Unsupported, register
+from .common import broadcast_shapes, const_ints, norm_axis
+
+
+@register("Reshape")
+def reshape(ctx, node):
+    x = node.inputs[0]
+    shape = const_ints(ctx, node, 1)
+    if shape is None:
+        raise Unsupported("the target shape must be a compile-time constant")
+    src = ctx.shape(x)
+    allowzero = node.attr("allowzero", 0)
+    out = []
+    for i, d in enumerate(shape):
+        if d == 0 and not allowzero:
+            if i >= len(src):
+                raise ShapeError(f"Reshape copies dim {i} but the input has rank {len(src)}")
+            out.append(src[i])
+        else:
+            out.append(d)
+    if out.count(-1) > 1:
+        raise ShapeError(f"Reshape target {shape} has more than one -1")
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1]))
+        total = int(np.prod(src))
+        if known == 0 or total % known:
+            raise ShapeError(f"cannot reshape {tuple(src)} to {shape}")
+        out[out.index(-1)] = total // known
+    ctx.view(node.outputs[0], x, out)
+
+
+@register("Flatten")
+def flatten(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    axis = norm_axis(node.attr("axis", 1), len(s) + 1)
+    ctx.view(node.outputs[0], x, (int(np.prod(s[:axis])), int(np.prod(s[axis:]))))
+
+
+@register("Squeeze")
+def squeeze(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    axes = const_ints(ctx, node, 1, "axes")
+    if axes is None:
+        out = [d for d in s if d != 1]
+    else:
+        axes = {norm_axis(a, len(s)) for a in axes}
+        for a in axes:
+            if s[a] != 1:
+                raise ShapeError(f"Squeeze axis {a} has size {s[a]}, not 1")
+        out = [d for i, d in enumerate(s) if i not in axes]
+    ctx.view(node.outputs[0], x, out)
+
+
+@register("Unsqueeze")
+def unsqueeze(ctx, node):
+    x = node.inputs[0]
+    s = list(ctx.shape(x))
+    axes = const_ints(ctx, node, 1, "axes")
+    if axes is None:
+        raise Unsupported("Unsqueeze needs axes")
+    rank = len(s) + len(axes)
+    axes = sorted(norm_axis(a, rank) for a in axes)
+    for a in axes:
+        s.insert(a, 1)
+    ctx.view(node.outputs[0], x, s)
+
+
+@register("Shape")
+def shape_op(ctx, node):
+    s = ctx.shape(node.inputs[0])
+    r = len(s)
+    start = node.attr("start", 0)
+    end = node.attr("end", r)
+    start = min(max(start + r if start < 0 else start, 0), r)
+    end = min(max(end + r if end < 0 else end, 0), r)
+    ctx.set_const(node.outputs[0], np.array(s[start:end], dtype=np.int64))
+
+
+@register("Size")
+def size_op(ctx, node):
+    ctx.set_const(node.outputs[0], np.array(int(np.prod(ctx.shape(node.inputs[0]))), dtype=np.int64))
+
+
+@register("Transpose")
+def transpose(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    perm = node.attr("perm") or list(range(len(s)))[::-1]
+    perm = [norm_axis(p, len(s)) for p in perm]
+    if sorted(perm) != list(range(len(s))):
+        raise ShapeError(f"Transpose perm {perm} is not a permutation of rank {len(s)}")
+    out_shape = [s[p] for p in perm]
+    if [p for p in perm if s[p] != 1] == sorted(p for p in perm if s[p] != 1):
+        ctx.view(node.outputs[0], x, out_shape)   # moves only size-1 dims: same memory order
+        return
+
+    def rule(cs):
+        src = [None] * len(s)
+        for i, p in enumerate(perm):
+            src[p] = cs[i]
+        return ctx.read(x, src)
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(x), rule)
+
+
+@register("Concat")
+def concat(ctx, node):
+    names = [i for i in node.inputs if i and int(np.prod(ctx.shape(i))) > 0] or [node.inputs[0]]
+    s0 = ctx.shape(names[0])
+    axis = norm_axis(node.attr("axis"), len(s0))
+    for n in names:
+        s = ctx.shape(n)
+        if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis):
+            raise ShapeError(f"Concat inputs {[ctx.shape(n) for n in names]} differ off axis {axis}")
+    sizes = [ctx.shape(n)[axis] for n in names]
+    out_shape = list(s0)
+    out_shape[axis] = sum(sizes)
+
+    def rule(cs):
+        c = cs[axis]
+        offsets = np.cumsum([0] + sizes)
+        value = None
+        for k in reversed(range(len(names))):
+            local = kir.clamp(c - int(offsets[k]), 0, max(sizes[k] - 1, 0))
+            v = ctx.read(names[k], cs[:axis] + [local] + cs[axis + 1:])
+            value = v if value is None else select(c < int(offsets[k + 1]), v, value)
+        return value
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(names[0]), rule)
+
+
+def _slice_params(ctx, node, shape):
+    if ctx.graph.opset < 10:
+        starts, ends = node.attr("starts"), node.attr("ends")
+        axes, steps = node.attr("axes"), None
+    else:
+        starts, ends = const_ints(ctx, node, 1), const_ints(ctx, node, 2)
+        axes, steps = const_ints(ctx, node, 3), const_ints(ctx, node, 4)
+    if starts is None or ends is None:
+        raise Unsupported("Slice starts/ends must be compile-time constants")
+    rank = len(shape)
+    axes = [norm_axis(a, rank) for a in (axes if axes is not None else range(len(starts)))]
+    steps = steps if steps is not None else [1] * len(starts)
+    begin, step, out = [0] * rank, [1] * rank, list(shape)
+    for a, st, en, sp in zip(axes, starts, ends, steps):
+        d = shape[a]
+        if sp == 0:
+            raise ShapeError("Slice step 0")
+        st = st + d if st < 0 else st
+        en = en + d if en < 0 else en
+        if sp > 0:
+            st, en = min(max(st, 0), d), min(max(en, 0), d)
+            n = max(0, (en - st + sp - 1) // sp)
+        else:
+            st, en = min(max(st, -1), d - 1), min(max(en, -1), d - 1)
+            n = max(0, (st - en + (-sp) - 1) // (-sp))
+        begin[a], step[a], out[a] = st, sp, n
+    return begin, step, out
+
+
+@register("Slice")
+def slice_op(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    begin, step, out_shape = _slice_params(ctx, node, s)
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(x),
+                lambda cs: ctx.read(x, [b + c * st for b, c, st in zip(begin, cs, step)]))
+
+
+@register("Gather")
+def gather(ctx, node):
+    data, idx = node.inputs[0], node.inputs[1]
+    ds, js = ctx.shape(data), ctx.shape(idx)
+    axis = norm_axis(node.attr("axis", 0), len(ds))
+    out_shape = list(ds[:axis]) + list(js) + list(ds[axis + 1:])
+    n = ds[axis]
+
+    def rule(cs):
+        j = cs[axis:axis + len(js)]
+        i = ctx.read(idx, j)
+        i = select(i < 0, i + n, i)
+        i = kir.clamp(i, 0, max(n - 1, 0))
+        return ctx.read(data, cs[:axis] + [i] + cs[axis + len(js):])
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(data), rule)
+
+
+@register("Expand")
+def expand(ctx, node):
+    x = node.inputs[0]
+    shape = const_ints(ctx, node, 1)
+    if shape is None:
+        raise Unsupported("Expand shape must be a compile-time constant")
+    out_shape = broadcast_shapes(ctx.shape(x), tuple(shape))
+    if tuple(out_shape) == tuple(ctx.shape(x)):
+        ctx.view(node.outputs[0], x, out_shape)
+        return
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(x), lambda cs: ctx.read_bcast(x, out_shape, cs))
+
+
+@register("Tile")
+def tile(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    reps = const_ints(ctx, node, 1)
+    if reps is None:
+        raise Unsupported("Tile repeats must be a compile-time constant")
+    out_shape = [d * r for d, r in zip(s, reps)]
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(x), lambda cs: ctx.read(x, [c % d for c, d in zip(cs, s)]))
+
+
+def pad_params(ctx, node, rank):
+    if ctx.graph.opset < 11:
+        pads = list(node.attr("pads"))
+        value = node.attr("value", 0.0)
+    else:
+        pads = const_ints(ctx, node, 1)
+        if pads is None:
+            raise Unsupported("Pad pads must be a compile-time constant")
+        value = None
+        if node.input(2):
+            c = ctx.const(node.input(2))
+            if c is None:
+                raise Unsupported("Pad constant_value must be a compile-time constant")
+            value = np.asarray(c).reshape(-1)[0].item() if c.size else 0
+    axes = const_ints(ctx, node, 3)
+    if axes is not None:
+        full = [0] * (2 * rank)
+        axes = [norm_axis(a, rank) for a in axes]
+        for k, a in enumerate(axes):
+            full[a], full[rank + a] = pads[k], pads[len(axes) + k]
+        pads = full
+    if len(pads) != 2 * rank:
+        raise ShapeError(f"Pad has {len(pads)} pads for rank {rank}")
+    return pads, (0 if value is None else value), node.attr("mode", "constant")
+
+
+@register("Pad")
+def pad(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    rank = len(s)
+    pads, value, mode = pad_params(ctx, node, rank)
+    if not any(pads):
+        ctx.view(node.outputs[0], x, s)
+        return
+    out_shape = [d + pads[i] + pads[rank + i] for i, d in enumerate(s)]
+    dt = ctx.dtype(x)
+    if mode == "constant" and value == 0 and rank >= 3 and not any(pads[:2] + pads[rank:rank + 2]):
+        # a Conv reading this pad can take it as its own padding (see Lowering.pad_source)
+        ctx.pad_info[node.outputs[0]] = (x, list(pads[2:rank]) + list(pads[rank + 2:]))
+
+    def rule(cs):
+        src, inside = [], kir.const(True, "bool")
+        for i, (c, d) in enumerate(zip(cs, s)):
+            j = c - pads[i]
+            if pads[i] == 0 and pads[rank + i] == 0:
+                src.append(j)
+                continue
+            if mode == "constant":
+                inside = kir.binary("and", inside, kir.binary("and", j >= 0, j < d))
+                j = kir.clamp(j, 0, d - 1)
+            elif mode == "edge":
+                j = kir.clamp(j, 0, d - 1)
+            elif mode == "reflect":
+                if d == 1:
+                    j = kir.i32(0)
+                else:
+                    period = 2 * (d - 1)
+                    m = ((j % period) + period) % period
+                    j = select(m >= d, period - m, m)
+            elif mode == "wrap":
+                j = ((j % d) + d) % d
+            else:
+                raise Unsupported(f"Pad mode {mode!r}")
+            src.append(j)
+        v = ctx.read(x, src)
+        if mode == "constant":
+            v = select(inside, v, kir.const(value, dt))
+        return v
+    ctx.generic(node.outputs[0], out_shape, dt, rule)
+
+
+@register("Split")
+def split(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    axis = norm_axis(node.attr("axis", 0), len(s))
+    outs = [o for o in node.outputs]
+    sizes = const_ints(ctx, node, 1, "split")
+    if sizes is None:
+        k = node.attr("num_outputs", len(outs))
+        chunk = -(-s[axis] // k)
+        sizes = [min(chunk, s[axis] - i * chunk) for i in range(k)]
+    if sum(sizes) != s[axis] or len(sizes) != len(outs):
+        raise ShapeError(f"Split sizes {sizes} do not cover axis {axis} of size {s[axis]} with {len(outs)} outputs")
+    start = 0
+    for o, n in zip(outs, sizes):
+        shape = list(s)
+        shape[axis] = n
+        if o:
+            ctx.generic(o, shape, ctx.dtype(x),
+                        lambda cs, st=start: ctx.read(x, cs[:axis] + [cs[axis] + st] + cs[axis + 1:]))
+        start += n

@@ -1,0 +1,138 @@
+"""Program passes: dead-code elimination and fusion into dispatch regions.
+
+Fusion has two rules, applied in order:
+
+1. *Elementwise chains.* A Generic op read by Generic ops only is inlined
+   into its readers (its expression substituted at the index they read), when
+   it is read at one place or is cheap to recompute. Chains of elementwise
+   and data-movement ops become one expression, so one dispatch.
+2. *Epilogues.* An anchor (MatMul, Conv, Pool, Reduce, Softmax, LayerNorm)
+   whose only reader is a Generic op that reads it element for element
+   (at index `o`) absorbs that op as its epilogue: conv + bias + ReLU or
+   Gemm + bias + GELU is one dispatch.
+
+Neither rule may exceed the number of storage buffers one kernel can bind.
+"""
+
+from __future__ import annotations
+
+from ..wgsl_codegen import kir
+from .program import O, Anchor, Generic, Program
+
+INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
+
+
+def dce(prog: Program) -> Program:
+    """Drop ops whose results nobody reads, then tensors nobody mentions."""
+    needed = {prog.root(o) for o in prog.outputs}
+    kept = []
+    for op in reversed(prog.ops):
+        if op.out in needed:
+            kept.append(op)
+            needed.update(prog.root(r) for r in op.reads())
+    prog.ops = kept[::-1]
+    used = set(needed) | set(prog.inputs) | set(prog.outputs)
+    for op in prog.ops:
+        used.add(op.out)
+    # keep views whose root stays (graph outputs may be views)
+    prog.tensors = {n: t for n, t in prog.tensors.items()
+                    if n in used or (t.alias_of is not None and prog.root(n) in used and n in prog.outputs)}
+    return prog
+
+
+def _readers(prog: Program) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for op in prog.ops:
+        for r in op.reads():
+            out.setdefault(r, []).append(op)
+    return out
+
+
+def _loads_of_tensor(expr, name):
+    return [n for n in kir.walk(expr) if n.op == "load" and n.attr == name]
+
+
+def _inline(expr, producer: Generic):
+    """Substitute every load of producer.out in expr by producer.expr at that index."""
+    def fn(node):
+        if node.op == "load" and node.attr == producer.out:
+            return kir.substitute(producer.expr, {O: node.args[0]})
+        return None
+    return kir.substitute(expr, {"__fn__": fn})
+
+
+def _bindings_after(op, extra_reads) -> int:
+    return len(set(op.reads()) | set(extra_reads)) + 1
+
+
+def fuse(prog: Program, max_bindings: int = 8) -> Program:
+    outputs = {prog.root(o) for o in prog.outputs}
+    producer_of = {op.out: op for op in prog.ops}
+
+    # 1. inline elementwise producers into elementwise readers
+    changed = True
+    while changed:
+        changed = False
+        readers = _readers(prog)
+        for p in list(prog.ops):
+            if not isinstance(p, Generic) or p.out in outputs:
+                continue
+            rs = readers.get(p.out, [])
+            if not rs or not all(isinstance(r, Generic) for r in rs):
+                continue
+            cheap = kir.cost(p.expr) <= INLINE_COST
+            if not cheap and (len(rs) > 1 or len(_loads_of_tensor(rs[0].expr, p.out)) > 1):
+                continue
+            new_exprs = []
+            for r in rs:
+                e = _inline(r.expr, p)
+                reads = {n.attr for n in kir.loads_of(e)}
+                if len(reads) + 1 > max_bindings:
+                    break
+                new_exprs.append(e)
+            else:
+                for r, e in zip(rs, new_exprs):
+                    r.expr = e
+                    r.nodes = p.nodes + [n for n in r.nodes if n not in p.nodes]
+                prog.ops.remove(p)
+                changed = True
+                break  # readers changed: recompute
+
+    # 2. absorb a lone elementwise reader into an anchor's epilogue
+    readers = _readers(prog)
+    for a in list(prog.ops):
+        if not isinstance(a, Anchor):
+            continue
+        while a.out not in outputs:
+            rs = readers.get(a.out, [])
+            if len(rs) != 1 or not isinstance(rs[0], Generic):
+                break
+            c = rs[0]
+            loads = _loads_of_tensor(c.expr, a.out)
+            if any(ld.args[0] is not O for ld in loads):
+                break
+            if prog.tensors[c.out].shape != prog.tensors[a.out].shape and \
+                    _numel(prog.tensors[c.out].shape) != _numel(prog.tensors[a.out].shape):
+                break
+            acc = a.epilogue if a.epilogue is not None else kir.var("acc", prog.tensors[a.out].dtype)
+            epi = kir.substitute(c.expr, {loads[0]: acc})
+            extra = [n.attr for n in kir.loads_of(epi)]
+            if _bindings_after(a, extra) > max_bindings:
+                break
+            # the fused op runs where the reader ran (its other inputs exist by then)
+            prog.ops.remove(a)
+            prog.ops.insert(prog.ops.index(c), a)
+            prog.ops.remove(c)
+            del prog.tensors[a.out]
+            a.out, a.epilogue = c.out, epi
+            a.nodes = a.nodes + [n for n in c.nodes if n not in a.nodes]
+            producer_of[a.out] = a
+            readers = _readers(prog)
+    return prog
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,252 @@
+"""The canonical program: the few op kinds code generation understands.
+
+Lowering maps every ONNX op onto these (DESIGN.md contract 2):
+
+- `Generic`  out[o] = expr: elementwise math *and* data movement. `expr` is a
+             kernel-IR expression of the flat output index `o` (var 'o', i32)
+             that reads other tensors with `load(tensor_name, flat_index)`.
+             Transpose, Slice, Gather, Concat, Pad, Expand, Where, Resize ... are
+             all Generic ops with different index maps.
+- `MatMul`   batched contraction C = alpha * A @ B (+ epilogue).
+- `Conv`     N-d grouped convolution (+ epilogue).
+- `Pool`     max / average / Lp pooling windows (+ epilogue).
+- `Reduce`   reduction of the middle axis of an [outer, R, inner] view, with
+             kinds sum/max/min/prod/mean/... (+ epilogue).
+- `Softmax`  (log-)softmax over the middle axis of [outer, R, inner].
+- `LayerNorm` normalization over the last R elements with scale/bias.
+
+An anchor op (everything but Generic) may carry an `epilogue`: an expression
+of var 'acc' (the op's own result for one element, see `acc_var`) and var 'o' (that
+element's flat index), so a bias add and activations run in the same
+dispatch. Reshape-like ops produce *views* (`Tensor.alias_of`) and no op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..wgsl_codegen import kir
+from ..wgsl_codegen.kir import Expr
+
+O = kir.var("o", "i32")          # flat output index inside Generic exprs and epilogues
+
+
+def acc_var(dtype: str = "f32"):
+    """An anchor's own result for one element, inside its epilogue."""
+    return kir.var("acc", dtype)
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def strides_of(shape) -> list[int]:
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= int(d)
+    return out[::-1]
+
+
+def coords_of(flat: Expr, shape) -> list[Expr]:
+    """Row-major coordinates of a flat index."""
+    st = strides_of(shape)
+    out = []
+    for d, (n, s) in enumerate(zip(shape, st)):
+        c = flat // s if s != 1 else flat
+        if d > 0 and n != 1:
+            c = c % n
+        out.append(kir.i32(0) if n == 1 else c)
+    return out
+
+
+def flat_of(coords, shape) -> Expr:
+    """Flat row-major index of coordinates; the coordinates of `o` itself give back `o`."""
+    if len(coords) == len(shape) and all(a is b for a, b in zip(coords, coords_of(O, shape))):
+        return O
+    idx = kir.i32(0)
+    for c, s, n in zip(coords, strides_of(shape), shape):
+        if n != 1:
+            idx = idx + c * s
+    return idx
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple
+    dtype: str                  # 'f32' | 'i32' | 'u32' | 'bool'
+    kind: str = "temp"          # 'input' | 'output' | 'const' | 'temp'
+    data: np.ndarray | None = None   # for constants (already in the internal dtype)
+    alias_of: str | None = None      # for views: the tensor whose buffer this reuses
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * numel(self.shape)
+
+
+@dataclass
+class Op:
+    name: str
+    out: str
+    nodes: list[str]            # the ONNX nodes this op stands for (grows with fusion)
+
+    def reads(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__.lower()
+
+
+def _expr_reads(e: Expr | None) -> list[str]:
+    if e is None:
+        return []
+    seen, out = set(), []
+    for n in kir.loads_of(e):
+        if n.attr not in seen:
+            seen.add(n.attr)
+            out.append(n.attr)
+    return out
+
+
+@dataclass
+class Generic(Op):
+    expr: Expr = None
+
+    def reads(self):
+        return _expr_reads(self.expr)
+
+
+@dataclass
+class Anchor(Op):
+    epilogue: Expr | None = None
+
+    def inputs(self) -> list[str]:
+        raise NotImplementedError
+
+    def reads(self):
+        out = list(self.inputs())
+        for r in _expr_reads(self.epilogue):
+            if r not in out:
+                out.append(r)
+        return out
+
+
+@dataclass
+class MatMul(Anchor):
+    a: str = ""
+    b: str = ""
+    batch: tuple = ()           # output batch dims
+    a_batch: tuple = ()         # A's batch dims (broadcast to `batch`)
+    b_batch: tuple = ()
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    trans_a: bool = False       # A stored as [K, M]
+    trans_b: bool = False       # B stored as [N, K]
+    alpha: float = 1.0
+
+    def inputs(self):
+        return [self.a, self.b]
+
+
+@dataclass
+class Conv(Anchor):
+    x: str = ""
+    w: str = ""
+    x_shape: tuple = ()         # N, C, *spatial
+    w_shape: tuple = ()         # M, C/group, *kernel
+    out_shape: tuple = ()
+    strides: tuple = ()
+    dilations: tuple = ()
+    pads: tuple = ()            # begin..., end...
+    group: int = 1
+    transpose: bool = False     # ConvTranspose (w is C, M/group, *kernel)
+
+    def inputs(self):
+        return [self.x, self.w]
+
+
+@dataclass
+class Pool(Anchor):
+    x: str = ""
+    mode: str = "max"           # 'max' | 'avg' | 'lp'
+    x_shape: tuple = ()
+    out_shape: tuple = ()
+    kernel: tuple = ()
+    strides: tuple = ()
+    dilations: tuple = ()
+    pads: tuple = ()
+    count_include_pad: bool = False
+    p: float = 2.0
+
+    def inputs(self):
+        return [self.x]
+
+
+@dataclass
+class Reduce(Anchor):
+    x: str = ""
+    mode: str = "sum"           # sum mean max min prod l1 l2 logsum logsumexp sumsquare argmax argmin
+    outer: int = 1
+    r: int = 1
+    inner: int = 1
+    select_last: bool = False   # ArgMax/ArgMin select_last_index
+
+    def inputs(self):
+        return [self.x]
+
+
+@dataclass
+class Softmax(Anchor):
+    x: str = ""
+    outer: int = 1
+    r: int = 1
+    inner: int = 1
+    log: bool = False
+
+    def inputs(self):
+        return [self.x]
+
+
+@dataclass
+class LayerNorm(Anchor):
+    x: str = ""
+    scale: str = ""
+    bias: str = ""              # '' when absent
+    outer: int = 1
+    r: int = 1
+    eps: float = 1e-5
+
+    def inputs(self):
+        return [t for t in (self.x, self.scale, self.bias) if t]
+
+
+@dataclass
+class Program:
+    name: str
+    tensors: dict[str, Tensor]
+    ops: list[Op]
+    inputs: list[str]
+    outputs: list[str]                              # internal tensor names, in graph output order
+    output_names: list[str] = field(default_factory=list)   # the ONNX names of those outputs
+    io_types: dict = field(default_factory=dict)    # tensor -> ONNX elem_type at the boundary
+
+    def root(self, name: str) -> str:
+        t = self.tensors[name]
+        while t.alias_of is not None:
+            t = self.tensors[t.alias_of]
+        return t.name
+
+    def summary(self) -> str:
+        lines = [f"program {self.name}: {len(self.ops)} ops"]
+        for op in self.ops:
+            t = self.tensors[op.out]
+            lines.append(f"  {op.kind:<9} {op.name:<28} -> {op.out} {t.shape} {t.dtype}  reads {op.reads()}  from {op.nodes}")
+        return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""Feeds and results at the runtime boundary, in pure Python (no numpy).
+
+Inputs arrive in their ONNX element type and are converted to the 32-bit
+storage the kernels use: int64 is narrowed to i32 with a range check (WGSL
+has no 64-bit integers), bool and small integers are widened. Outputs go the
+other way. The numpy session does the same with numpy for speed; both raise
+the same FeedError messages.
+"""
+
+from __future__ import annotations
+
+import array
+import sys
+
+from ..errors import FeedError
+
+ONNX_TYPE_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+                   9: "bool", 10: "float16", 11: "float64", 12: "uint32"}
+# ONNX type -> array typecode of its host representation
+HOST_CODES = {1: "f", 2: "B", 3: "b", 4: "H", 5: "h", 6: "i", 7: "q", 9: "B", 12: "I"}
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def type_name(onnx_type: int) -> str:
+    return ONNX_TYPE_NAMES.get(onnx_type, f"onnx type {onnx_type}")
+
+
+def check_shape(io, shape) -> None:
+    shape = tuple(int(d) for d in shape)
+    if shape != tuple(io.shape):
+        raise FeedError(f"input {io.name!r} has shape {shape}; the model was compiled for {tuple(io.shape)}",
+                        hint="feed exactly that shape, or rebuild with --input-shape")
+
+
+def _as_array(data, code: str) -> array.array:
+    if isinstance(data, array.array):
+        if data.typecode == code:
+            return data
+        return array.array(code, data)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        a = array.array(code)
+        a.frombytes(bytes(data) if not isinstance(data, bytes) else data)
+        return a
+    return array.array(code, data)  # a list or other sequence of numbers
+
+
+def encode_input(io, data, onnx_type: int | None = None) -> bytes:
+    """The storage bytes of one input, from an array.array, a bytes-like
+    object in the ONNX element type, or a flat sequence of numbers."""
+    onnx_type = io.onnx_type if onnx_type is None else onnx_type
+    if onnx_type != io.onnx_type:
+        raise FeedError(f"input {io.name!r} must be {type_name(io.onnx_type)}, got {type_name(onnx_type)}",
+                        hint=f"convert the input to {type_name(io.onnx_type)}")
+    code = HOST_CODES.get(onnx_type)
+    if code is None:
+        raise FeedError(f"input {io.name!r} has unsupported type {type_name(onnx_type)}")
+    a = _as_array(data, code)
+    n = 1
+    for d in io.shape:
+        n *= d
+    if len(a) != n:
+        raise FeedError(f"input {io.name!r} has {len(a)} elements; shape {tuple(io.shape)} needs {n}")
+    if io.dtype == "f32" or (io.dtype == "i32" and code == "i") or (io.dtype == "u32" and code == "I"):
+        out = a
+    elif io.dtype == "i32":
+        if code == "q" and n and (min(a) < I32_MIN or max(a) > I32_MAX):
+            bad = next(v for v in a if v < I32_MIN or v > I32_MAX)
+            raise FeedError(f"input {io.name!r} holds {bad}, outside the int32 range WebGPU can compute with",
+                            hint="int64 inputs are narrowed to int32; keep values within +-2^31")
+        out = array.array("i", a)
+    else:  # bool
+        out = array.array("I", (1 if v else 0 for v in a))
+    if sys.byteorder != "little":
+        out = array.array(out.typecode, out)
+        out.byteswap()
+    return out.tobytes()
+
+
+def decode_output(io, raw: bytes):
+    """(array.array in the ONNX element type, onnx_type) of one output."""
+    t = io.onnx_type
+    if io.dtype == "f32":
+        a = array.array("f")
+        a.frombytes(raw)
+        return a, 1
+    src = array.array("i" if io.dtype == "i32" else "I")
+    src.frombytes(raw)
+    if io.dtype == "bool":
+        return array.array("B", (1 if v else 0 for v in src)), 9
+    code = HOST_CODES.get(t, "i")
+    return array.array(code, src), t

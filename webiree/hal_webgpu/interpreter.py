@@ -1,0 +1,148 @@
+"""The schedule interpreter: runs a schedule module on any HAL driver.
+
+Written once, as coroutines, for both drivers (DESIGN.md contract 6).
+`prepare()` does everything that can be done once per session: buffers,
+weight upload, every pipeline (created concurrently where the driver can),
+bind groups, and the recorded list of dispatches. `run()` then only writes
+the inputs, submits that list in one command encoder and reads all outputs
+back with one copy into one readback buffer.
+"""
+
+from __future__ import annotations
+
+from ..errors import DeviceError, FeedError, LimitsError
+from ..module import format as F
+from .feeds import decode_output, encode_input
+
+# limits the module records; "max_*" must not exceed the adapter's, "min_*" must be multiples of it
+_CHECKED = ("max_compute_invocations_per_workgroup", "max_compute_workgroup_size_x",
+            "max_compute_workgroup_size_y", "max_compute_workgroup_size_z",
+            "max_compute_workgroup_storage_size", "max_compute_workgroups_per_dimension",
+            "max_storage_buffers_per_shader_stage", "max_storage_buffer_binding_size", "max_buffer_size")
+
+
+def check_limits(needed: dict, have: dict) -> None:
+    for key in _CHECKED:
+        if key in needed and key in have and needed[key] > have[key]:
+            raise LimitsError(f"the model needs {key} = {needed[key]}, the adapter offers {have[key]}",
+                              hint="rebuild the model for this adapter's limits (webiree build --limits adapter)")
+    key = "min_storage_buffer_offset_alignment"
+    if key in needed and key in have and needed[key] % have[key]:
+        raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")
+
+
+class Interpreter:
+    def __init__(self, module: F.Module, driver, weights):
+        self.m = module
+        self.driver = driver
+        self.weights = memoryview(weights) if weights is not None else memoryview(b"")
+        check_limits(module.limits, driver.limits())
+        self.buffers = []
+        self.items = []
+        self.uploads = []      # (input_index, buffer)
+        self.readbacks = []    # (output_index, offset in the readback buffer, size)
+        self.readback = None
+        self.readback_size = 0
+        self.prepared = False
+
+    async def prepare(self):
+        m, d = self.m, self.driver
+        for i, b in enumerate(m.buffers):
+            buf = d.create_buffer(max(b.size, 4), "storage", b.name or f"{b.kind}{i}")
+            if b.kind == "weights":
+                chunk = self.weights[b.blob_offset:b.blob_offset + b.size]
+                if len(chunk) != b.size:
+                    raise DeviceError(f"the weights blob is {len(self.weights)} bytes, too short for page {b.name}",
+                                      hint="the site's weights file is incomplete; rebuild or re-download it")
+                d.write_buffer(buf, 0, chunk)
+            self.buffers.append(buf)
+        pending = [d.create_pipeline(e.name, e.format, e.code, e.entry, e.bindings) for e in m.executables]
+        pipelines = [await p for p in pending]
+        regs = [0] * max(m.registers, 1)
+        for cmd in m.commands:
+            op = cmd[0]
+            if op == F.OP_UPLOAD_INPUT:
+                io = m.inputs[cmd[1]]
+                self.uploads.append((cmd[1], self.buffers[io.buffer], io.offset))
+            elif op in (F.OP_DISPATCH, F.OP_DISPATCH_DYN):
+                _, ex, gx, gy, gz, binds = cmd
+                if op == F.OP_DISPATCH_DYN:
+                    gx, gy, gz = regs[gx], regs[gy], regs[gz]
+                entries = [(slot, self.buffers[buf], off, size) for slot, buf, off, size in binds]
+                bg = d.create_bind_group(pipelines[ex], entries)
+                self.items.append(("dispatch", pipelines[ex], bg, (gx, gy, gz)))
+            elif op == F.OP_COPY:
+                _, sb, so, db, do, size = cmd
+                self.items.append(("copy", self.buffers[sb], so, self.buffers[db], do, size))
+            elif op == F.OP_READBACK:
+                io = m.outputs[cmd[1]]
+                self.readbacks.append((cmd[1], io.buffer, io.offset, self.readback_size, io.size))
+                self.readback_size += (io.size + 3) // 4 * 4
+            elif op == F.OP_SET_REG:
+                regs[cmd[1]] = cmd[2]
+            elif op == F.OP_LOAD_DIM:
+                regs[cmd[1]] = m.inputs[cmd[2]].shape[cmd[3]]
+            elif op == F.OP_ARITH:
+                _, aop, dst, a, b = cmd
+                regs[dst] = _arith(F.ARITH_OPS[aop], regs[a], regs[b])
+            # OP_BARRIER: dispatches in one pass are already ordered
+        self.readback = d.create_buffer(max(self.readback_size, 4), "readback", "readback")
+        for _, buf, off, dst, size in self.readbacks:
+            self.items.append(("copy", self.buffers[buf], off, self.readback, dst, (size + 3) // 4 * 4))
+        self.prepared = True
+        return self
+
+    def input_names(self):
+        return [io.name for io in self.m.inputs]
+
+    def output_names(self):
+        return [io.name for io in self.m.outputs]
+
+    async def run_raw(self, feeds: dict, profile: bool = False):
+        """feeds: name -> storage bytes. Returns ({name: storage bytes}, per-dispatch ns or None)."""
+        m, d = self.m, self.driver
+        missing = [io.name for io in m.inputs if io.name not in feeds]
+        if missing:
+            raise FeedError(f"missing input(s) {missing}", hint=f"the model's inputs are {self.input_names()}")
+        extra = sorted(set(feeds) - {io.name for io in m.inputs})
+        if extra:
+            raise FeedError(f"unknown input name(s) {extra}", hint=f"the model's inputs are {self.input_names()}")
+        for index, buf, off in self.uploads:
+            io = m.inputs[index]
+            data = feeds[io.name]
+            if len(data) != io.size:
+                raise FeedError(f"input {io.name!r} has {len(data)} bytes, expected {io.size}")
+            d.write_buffer(buf, off, data)
+        times = await d.submit(self.items, profile)
+        raw = await d.read_buffer(self.readback, 0, max(self.readback_size, 4))
+        raw = memoryview(raw)
+        out = {m.outputs[i].name: bytes(raw[dst:dst + size]) for i, _, _, dst, size in self.readbacks}
+        return out, times
+
+    async def run(self, feeds: dict, profile: bool = False):
+        """feeds: name -> (data, onnx_type or None). Returns {name: (array.array, onnx_type)}."""
+        enc = {}
+        by_name = {io.name: io for io in self.m.inputs}
+        for name, value in feeds.items():
+            if name not in by_name:
+                raise FeedError(f"unknown input name {name!r}", hint=f"the model's inputs are {self.input_names()}")
+            data, onnx_type = value if isinstance(value, tuple) else (value, None)
+            enc[name] = encode_input(by_name[name], data, onnx_type)
+        raw, _ = await self.run_raw(enc, profile)
+        return {io.name: decode_output(io, raw[io.name]) for io in self.m.outputs}
+
+
+def _arith(op: str, a: int, b: int) -> int:
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "div_floor":
+        return a // b
+    if op == "div_ceil":
+        return -(-a // b)
+    if op == "min":
+        return min(a, b)
+    return max(a, b)

@@ -1,0 +1,188 @@
+"""The native HAL driver over wgpu-py (Vulkan, Metal, D3D12; lavapipe on CPUs).
+
+One process-wide device is shared by every session (creating a device per
+session is slow on software drivers); it is requested with the adapter's own
+limits so any module built within them runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..errors import CompilerBug, DeviceError
+from .hal import Driver, Ready
+
+_LOCK = threading.Lock()
+_SHARED = None
+
+# wgpu-py limit names (hyphenated) we request at the adapter's maximum
+_LIMIT_KEYS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+               "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+               "max-compute-workgroup-size-x", "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
+               "max-compute-workgroups-per-dimension", "max-bindings-per-bind-group")
+
+NO_ADAPTER_HINT = ("install a Vulkan driver: on Debian/Ubuntu `apt-get install mesa-vulkan-drivers` "
+                   "(lavapipe runs WebGPU on the CPU); see README.md")
+
+
+def _import_wgpu():
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        import wgpu  # noqa: F401
+    except Exception as e:  # wgpu missing or its native library failed to load
+        raise DeviceError(f"wgpu-py is not usable: {e}", hint="pip install wgpu (see pyproject.toml)") from None
+    return wgpu
+
+
+def request_device():
+    """(adapter, device) shared by the process; DeviceError if there is no adapter."""
+    global _SHARED
+    with _LOCK:
+        if _SHARED is not None:
+            return _SHARED
+        wgpu = _import_wgpu()
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        except Exception as e:
+            raise DeviceError(f"no WebGPU adapter found ({str(e).splitlines()[0][:160]})", hint=NO_ADAPTER_HINT) from None
+        if adapter is None:
+            raise DeviceError("no WebGPU adapter found", hint=NO_ADAPTER_HINT)
+        limits = {k: adapter.limits[k] for k in _LIMIT_KEYS if k in adapter.limits}
+        features = [f for f in ("timestamp-query",) if f in adapter.features]
+        try:
+            device = adapter.request_device_sync(required_limits=limits, required_features=features)
+        except Exception as e:
+            raise DeviceError(f"the WebGPU adapter refused a device: {str(e)[:200]}", hint=NO_ADAPTER_HINT) from None
+        _SHARED = (adapter, device)
+        return _SHARED
+
+
+def adapter_limits() -> dict:
+    """The shared adapter's limits under snake_case names."""
+    adapter, _ = request_device()
+    return {k.replace("-", "_"): v for k, v in adapter.limits.items() if isinstance(v, int)}
+
+
+def adapter_info() -> dict:
+    adapter, _ = request_device()
+    info = adapter.info
+    return {k: info[k] for k in ("vendor", "device", "description", "adapter_type", "backend_type") if k in info}
+
+
+def validate_wgsl(name: str, code: str) -> None:
+    """Let naga validate a shader; a failure is a compiler bug naming the dispatch."""
+    _, device = request_device()
+    try:
+        device.create_shader_module(label=name, code=code)
+    except Exception as e:
+        raise CompilerBug(f"naga rejected the WGSL of dispatch {name}: {str(e)[:2000]}",
+                          hint="this is a webiree bug; please report it with the model") from None
+
+
+class WgpuDriver(Driver):
+    def __init__(self):
+        self.adapter, self.device = request_device()
+        self.wgpu = _import_wgpu()
+        self._limits = adapter_limits()
+        self.live_buffers = 0
+        self.has_timestamps = "timestamp-query" in self.device.features
+
+    def limits(self):
+        return self._limits
+
+    def create_buffer(self, size, kind, label=""):
+        U = self.wgpu.BufferUsage
+        usage = (U.STORAGE | U.COPY_SRC | U.COPY_DST) if kind == "storage" else (U.MAP_READ | U.COPY_DST)
+        try:
+            buf = self.device.create_buffer(label=label, size=size, usage=usage)
+        except Exception as e:
+            raise DeviceError(f"cannot allocate a {size}-byte GPU buffer: {str(e)[:200]}") from None
+        self.live_buffers += 1
+        return buf
+
+    def destroy_buffer(self, buffer):
+        buffer.destroy()
+        self.live_buffers -= 1
+
+    def write_buffer(self, buffer, offset, data):
+        self.device.queue.write_buffer(buffer, offset, data)
+
+    def create_pipeline(self, name, fmt, code, entry, bindings):
+        w = self.wgpu
+        try:
+            if fmt == "wgsl":
+                sm = self.device.create_shader_module(label=name, code=code.decode("utf-8"))
+            else:
+                sm = self.device.create_shader_module(label=name, code=bytes(code))
+            bgl = self.device.create_bind_group_layout(entries=[
+                {"binding": slot, "visibility": w.ShaderStage.COMPUTE,
+                 "buffer": {"type": w.BufferBindingType.storage}} for slot, _ in bindings])
+            layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+            pipe = self.device.create_compute_pipeline(label=name, layout=layout,
+                                                       compute={"module": sm, "entry_point": entry})
+        except Exception as e:
+            raise DeviceError(f"cannot create the pipeline of dispatch {name}: {str(e)[:1500]}",
+                              hint="the module may have been built for another webiree version; rebuild it") from None
+        return Ready((pipe, bgl))
+
+    def create_bind_group(self, pipeline, entries):
+        _, bgl = pipeline
+        return self.device.create_bind_group(layout=bgl, entries=[
+            {"binding": slot, "resource": {"buffer": buf, "offset": off, "size": size}}
+            for slot, buf, off, size in entries])
+
+    def submit(self, items, profile=False):
+        enc = self.device.create_command_encoder()
+        query, n_disp = None, sum(1 for it in items if it[0] == "dispatch")
+        if profile and self.has_timestamps and n_disp:
+            query = self.device.create_query_set(type="timestamp", count=2 * n_disp)
+        cpass, k = None, 0
+        for it in items:
+            if it[0] == "dispatch":
+                if query is not None:
+                    if cpass is not None:
+                        cpass.end()
+                    cpass = enc.begin_compute_pass(timestamp_writes={
+                        "query_set": query, "beginning_of_pass_write_index": 2 * k,
+                        "end_of_pass_write_index": 2 * k + 1})
+                elif cpass is None:
+                    cpass = enc.begin_compute_pass()
+                _, (pipe, _), bg, (gx, gy, gz) = it
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, bg)
+                cpass.dispatch_workgroups(gx, gy, gz)
+                k += 1
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                _, src, so, dst, do, size = it
+                enc.copy_buffer_to_buffer(src, so, dst, do, size)
+        if cpass is not None:
+            cpass.end()
+        times = None
+        if query is not None:
+            U = self.wgpu.BufferUsage
+            resolve = self.device.create_buffer(size=16 * n_disp, usage=U.QUERY_RESOLVE | U.COPY_SRC)
+            enc.resolve_query_set(query, 0, 2 * n_disp, resolve, 0)
+            self.device.queue.submit([enc.finish()])
+            raw = self.device.queue.read_buffer(resolve)
+            import struct
+            ts = struct.unpack(f"<{2 * n_disp}Q", raw)
+            times = [ts[2 * i + 1] - ts[2 * i] for i in range(n_disp)]
+            resolve.destroy()
+            query.destroy()
+        else:
+            self.device.queue.submit([enc.finish()])
+        return Ready(times)
+
+    def read_buffer(self, buffer, offset, size):
+        try:
+            buffer.map_sync(self.wgpu.MapMode.READ, offset, size)
+            data = bytes(buffer.read_mapped(offset, size))
+            buffer.unmap()
+        except Exception as e:
+            raise DeviceError(f"reading results from the GPU failed: {str(e)[:300]}",
+                              hint="the device may have been lost; create a new session") from None
+        return Ready(data)

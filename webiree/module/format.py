@@ -1,0 +1,266 @@
+"""The schedule module: writer and reader (pure Python, standard library only).
+
+The wire format is specified in docs/schedule-module.md; this file, the
+JavaScript reader in web/ and that document must agree. In short: a 16-byte
+header, then tagged sections (tag, byte length, payload; unknown tags are
+skipped), all integers little-endian u32.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+
+MAGIC = b"WIRM"
+VERSION = 1
+
+DTYPES = ["f32", "i32", "u32", "bool"]
+BUFFER_KINDS = ["weights", "input", "arena"]
+FORMATS = ["wgsl", "spirv"]
+
+# opcodes of the command stream
+OP_UPLOAD_INPUT = 0x01    # input_index
+OP_DISPATCH = 0x02        # exec, gx, gy, gz, nbind, nbind x (slot, buffer, offset, size)
+OP_BARRIER = 0x03         # (none) ordering point; WebGPU orders dispatches of a pass already
+OP_COPY = 0x04            # src_buffer, src_offset, dst_buffer, dst_offset, size
+OP_READBACK = 0x05        # output_index
+OP_DISPATCH_DYN = 0x06    # exec, rx, ry, rz (registers), nbind, bindings as in DISPATCH
+OP_SET_REG = 0x10         # reg, immediate
+OP_LOAD_DIM = 0x11        # reg, input_index, dim
+OP_ARITH = 0x12           # arith_op, dst, a, b (registers)
+ARITH_OPS = ["add", "sub", "mul", "div_floor", "div_ceil", "min", "max"]
+
+OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_BARRIER: 0, OP_COPY: 5, OP_READBACK: 1, OP_SET_REG: 2,
+                OP_LOAD_DIM: 3, OP_ARITH: 4}
+
+
+class ModuleFormatError(ValueError):
+    """The bytes are not a schedule module this reader understands."""
+
+
+@dataclass
+class Executable:
+    name: str
+    format: str                   # 'wgsl' | 'spirv'
+    code: bytes                   # WGSL text (utf-8) or SPIR-V words
+    entry: str = "main"
+    workgroup_size: tuple = (1, 1, 1)
+    bindings: list = field(default_factory=list)   # [(slot, writes)]
+
+
+@dataclass
+class BufferInfo:
+    kind: str                     # 'weights' | 'input' | 'arena'
+    size: int
+    blob_offset: int = 0          # weights: where this page starts in the weights blob
+    name: str = ""
+
+
+@dataclass
+class IOInfo:
+    name: str
+    dtype: str                    # internal storage type
+    onnx_type: int                # ONNX elem type at the boundary (int64 inputs are narrowed to i32)
+    shape: tuple
+    buffer: int
+    offset: int
+    size: int
+
+
+@dataclass
+class Module:
+    executables: list[Executable]
+    buffers: list[BufferInfo]
+    inputs: list[IOInfo]
+    outputs: list[IOInfo]
+    commands: list[tuple]         # (opcode, *operands)
+    limits: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)       # debug metadata (dispatch names, fused nodes, configs)
+    registers: int = 0
+
+
+# ----------------------------------------------------------------------------
+class _Writer:
+    def __init__(self):
+        self.strings: list[str] = []
+        self.index: dict[str, int] = {}
+
+    def s(self, text: str) -> int:
+        if text not in self.index:
+            self.index[text] = len(self.strings)
+            self.strings.append(text)
+        return self.index[text]
+
+
+def _u32s(*vals) -> bytes:
+    for v in vals:
+        if not 0 <= int(v) < (1 << 32):
+            raise ModuleFormatError(f"value {v} does not fit in u32")
+    return struct.pack(f"<{len(vals)}I", *[int(v) for v in vals])
+
+
+def _blob(data: bytes) -> bytes:
+    pad = (-len(data)) % 4
+    return _u32s(len(data)) + data + b"\0" * pad
+
+
+def _section(tag: bytes, payload: bytes) -> bytes:
+    assert len(tag) == 4 and len(payload) % 4 == 0
+    return tag + _u32s(len(payload)) + payload
+
+
+def write_module(m: Module) -> bytes:
+    w = _Writer()
+    lims = _u32s(len(m.limits)) + b"".join(_u32s(w.s(k), v) for k, v in sorted(m.limits.items()))
+    execs = [_u32s(len(m.executables))]
+    for e in m.executables:
+        execs.append(_u32s(w.s(e.name), w.s(e.entry), FORMATS.index(e.format), *e.workgroup_size, len(e.bindings)))
+        execs.append(b"".join(_u32s(slot, int(wr)) for slot, wr in e.bindings))
+        execs.append(_blob(e.code))
+    bufs = [_u32s(len(m.buffers))]
+    for b in m.buffers:
+        bufs.append(_u32s(BUFFER_KINDS.index(b.kind), b.size, b.blob_offset, w.s(b.name)))
+    ios = []
+    for group in (m.inputs, m.outputs):
+        ios.append(_u32s(len(group)))
+        for io in group:
+            ios.append(_u32s(w.s(io.name), DTYPES.index(io.dtype), io.onnx_type, io.buffer, io.offset, io.size,
+                             len(io.shape), *io.shape))
+    cmds = [_u32s(len(m.commands), m.registers)]
+    for c in m.commands:
+        cmds.append(_encode_command(c))
+    info = json.dumps(m.info, sort_keys=True, separators=(",", ":")).encode()
+    strs = [_u32s(len(w.strings))] + [_blob(s.encode("utf-8")) for s in w.strings]
+    header = MAGIC + struct.pack("<HHII", VERSION, 0, 6, 0)
+    return header + b"".join([
+        _section(b"STRS", b"".join(strs)),
+        _section(b"LIMS", lims),
+        _section(b"EXEC", b"".join(execs)),
+        _section(b"BUFS", b"".join(bufs)),
+        _section(b"IOS ", b"".join(ios)),
+        _section(b"CMDS", b"".join(cmds)),
+        _section(b"INFO", _blob(info)),
+    ])
+
+
+def _encode_command(c: tuple) -> bytes:
+    op = c[0]
+    if op in (OP_DISPATCH, OP_DISPATCH_DYN):
+        _, ex, gx, gy, gz, binds = c
+        out = _u32s(op, ex, gx, gy, gz, len(binds))
+        return out + b"".join(_u32s(*b) for b in binds)
+    if op not in OPCODE_ARITY or len(c) - 1 != OPCODE_ARITY[op]:
+        raise ModuleFormatError(f"bad command {c}")
+    return _u32s(*c)
+
+
+# ----------------------------------------------------------------------------
+class _Reader:
+    def __init__(self, data: bytes, where: str):
+        self.d = memoryview(data)
+        self.p = 0
+        self.where = where
+
+    def u32(self) -> int:
+        if self.p + 4 > len(self.d):
+            raise ModuleFormatError(f"truncated {self.where} section")
+        v = struct.unpack_from("<I", self.d, self.p)[0]
+        self.p += 4
+        return v
+
+    def u32s(self, n: int) -> list[int]:
+        if n < 0 or self.p + 4 * n > len(self.d):
+            raise ModuleFormatError(f"truncated {self.where} section")
+        v = list(struct.unpack_from(f"<{n}I", self.d, self.p))
+        self.p += 4 * n
+        return v
+
+    def blob(self) -> bytes:
+        n = self.u32()
+        if self.p + n > len(self.d):
+            raise ModuleFormatError(f"truncated {self.where} section")
+        b = bytes(self.d[self.p:self.p + n])
+        self.p += n + ((-n) % 4)
+        return b
+
+
+def read_module(data: bytes) -> Module:
+    data = bytes(data)
+    if len(data) < 16 or data[:4] != MAGIC:
+        raise ModuleFormatError("not a webiree schedule module (bad magic)")
+    version = struct.unpack_from("<H", data, 4)[0]
+    if version != VERSION:
+        raise ModuleFormatError(f"schedule module version {version}; this runtime reads version {VERSION}")
+    sections: dict[bytes, bytes] = {}
+    p = 16
+    while p < len(data):
+        if p + 8 > len(data):
+            raise ModuleFormatError("truncated section header")
+        tag = data[p:p + 4]
+        n = struct.unpack_from("<I", data, p + 4)[0]
+        if p + 8 + n > len(data):
+            raise ModuleFormatError(f"section {tag!r} runs past the end")
+        sections[tag] = data[p + 8:p + 8 + n]
+        p += 8 + n
+    for tag in (b"STRS", b"EXEC", b"BUFS", b"IOS ", b"CMDS"):
+        if tag not in sections:
+            raise ModuleFormatError(f"missing section {tag.decode()}")
+
+    r = _Reader(sections[b"STRS"], "STRS")
+    strings = [r.blob().decode("utf-8") for _ in range(r.u32())]
+
+    def s(i: int) -> str:
+        if i >= len(strings):
+            raise ModuleFormatError("string index out of range")
+        return strings[i]
+
+    limits = {}
+    if b"LIMS" in sections:
+        r = _Reader(sections[b"LIMS"], "LIMS")
+        for _ in range(r.u32()):
+            k, v = r.u32s(2)
+            limits[s(k)] = v
+
+    r = _Reader(sections[b"EXEC"], "EXEC")
+    execs = []
+    for _ in range(r.u32()):
+        name, entry, fmt, wx, wy, wz, nb = r.u32s(7)
+        binds = [tuple(r.u32s(2)) for _ in range(nb)]
+        code = r.blob()
+        execs.append(Executable(s(name), FORMATS[fmt], code, s(entry), (wx, wy, wz),
+                                [(slot, bool(wr)) for slot, wr in binds]))
+
+    r = _Reader(sections[b"BUFS"], "BUFS")
+    bufs = []
+    for _ in range(r.u32()):
+        kind, size, off, name = r.u32s(4)
+        bufs.append(BufferInfo(BUFFER_KINDS[kind], size, off, s(name)))
+
+    r = _Reader(sections[b"IOS "], "IOS")
+    groups = []
+    for _ in range(2):
+        items = []
+        for _ in range(r.u32()):
+            name, dt, ot, buf, off, size, rank = r.u32s(7)
+            items.append(IOInfo(s(name), DTYPES[dt], ot, tuple(r.u32s(rank)), buf, off, size))
+        groups.append(items)
+
+    r = _Reader(sections[b"CMDS"], "CMDS")
+    n_cmds, n_regs = r.u32s(2)
+    cmds = []
+    for _ in range(n_cmds):
+        op = r.u32()
+        if op in (OP_DISPATCH, OP_DISPATCH_DYN):
+            ex, gx, gy, gz, nb = r.u32s(5)
+            binds = [tuple(r.u32s(4)) for _ in range(nb)]
+            cmds.append((op, ex, gx, gy, gz, binds))
+        elif op in OPCODE_ARITY:
+            cmds.append((op, *r.u32s(OPCODE_ARITY[op])))
+        else:
+            raise ModuleFormatError(f"unknown opcode {op:#x}")
+
+    info = {}
+    if b"INFO" in sections:
+        info = json.loads(_Reader(sections[b"INFO"], "INFO").blob() or b"{}")
+    return Module(execs, bufs, groups[0], groups[1], cmds, limits, info, n_regs)

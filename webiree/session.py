@@ -1,0 +1,119 @@
+"""InferenceSession: the native Python API, in the style of onnxruntime.
+
+    sess = webiree.InferenceSession("site/")
+    [logits] = sess.run(None, {"input": x})
+
+numpy lives only here, at the edge: feeds are checked and converted to the
+kernels' 32-bit storage, results converted back to the model's ONNX types.
+The schedule itself is run by the pure-Python interpreter on the wgpu driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FeedError, ModelError
+from .hal_webgpu.feeds import type_name
+from .hal_webgpu.hal import run_sync
+from .hal_webgpu.interpreter import Interpreter
+from .module import ModuleFormatError, read_module
+
+NUMPY_OF_ONNX = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+                 9: np.bool_, 12: np.uint32}
+ONNX_OF_NUMPY = {np.dtype(v): k for k, v in NUMPY_OF_ONNX.items()}
+
+
+@dataclass
+class NodeArg:
+    """An input or output: name, shape, and type as onnxruntime spells it ('tensor(float)')."""
+    name: str
+    shape: list
+    type: str
+
+
+def _ort_type(t: int) -> str:
+    return {1: "tensor(float)", 7: "tensor(int64)", 6: "tensor(int32)", 9: "tensor(bool)"}.get(
+        t, f"tensor({type_name(t)})")
+
+
+class InferenceSession:
+    def __init__(self, path):
+        from .bundler.site import MODULE_FILE, WEIGHTS_FILE
+        from .hal_webgpu.wgpu_driver import WgpuDriver
+
+        d = Path(path)
+        if not (d / MODULE_FILE).exists():
+            if d.suffix == ".onnx" or (d.exists() and d.is_file()):
+                raise ModelError(f"{d} is not a webiree build folder",
+                                 hint=f"compile it first: webiree build {d} --out DIR")
+            raise ModelError(f"no webiree build at {d} ({MODULE_FILE} missing)",
+                             hint="give the folder written by `webiree build`")
+        try:
+            self.module = read_module((d / MODULE_FILE).read_bytes())
+        except ModuleFormatError as e:
+            raise ModelError(f"{d / MODULE_FILE} is corrupt: {e}", hint="rebuild the model") from None
+        weights = (d / WEIGHTS_FILE).read_bytes() if (d / WEIGHTS_FILE).exists() else b""
+        self.driver = WgpuDriver()
+        self.interp = Interpreter(self.module, self.driver, weights)
+        run_sync(self.interp.prepare())
+        self.path = d
+        self.last_profile = None
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type)) for io in self.module.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type)) for io in self.module.outputs]
+
+    def _encode(self, io, value) -> bytes:
+        a = np.asarray(value)
+        want = NUMPY_OF_ONNX[io.onnx_type]
+        if a.dtype != want:
+            if a.dtype.kind in "iu" and np.dtype(want).kind in "iu" and a.size and \
+                    np.can_cast(a.min(), want) and np.can_cast(a.max(), want) and False:
+                pass
+            raise FeedError(f"input {io.name!r} must be {np.dtype(want).name}, got {a.dtype.name}",
+                            hint=f"convert it, e.g. x.astype(np.{np.dtype(want).name})")
+        if tuple(a.shape) != tuple(io.shape):
+            raise FeedError(f"input {io.name!r} has shape {tuple(a.shape)}; the model was compiled for "
+                            f"{tuple(io.shape)}", hint="feed exactly that shape, or rebuild with --input-shape")
+        if io.dtype == "f32":
+            return np.ascontiguousarray(a, dtype="<f4").tobytes()
+        if io.dtype == "bool":
+            return np.ascontiguousarray(a, dtype="<u4").tobytes()
+        if a.dtype == np.int64 and a.size:
+            lo, hi = int(a.min()), int(a.max())
+            if lo < -(1 << 31) or hi >= (1 << 31):
+                bad = lo if lo < -(1 << 31) else hi
+                raise FeedError(f"input {io.name!r} holds {bad}, outside the int32 range WebGPU can compute with",
+                                hint="int64 inputs are narrowed to int32; keep values within +-2^31")
+        return np.ascontiguousarray(a, dtype="<i4" if io.dtype == "i32" else "<u4").tobytes()
+
+    def _decode(self, io, raw: bytes) -> np.ndarray:
+        store = {"f32": "<f4", "i32": "<i4", "u32": "<u4", "bool": "<u4"}[io.dtype]
+        a = np.frombuffer(raw, dtype=store).reshape(io.shape)
+        return a.astype(NUMPY_OF_ONNX.get(io.onnx_type, a.dtype))
+
+    def run(self, output_names, input_feed: dict, profile: bool = False) -> list[np.ndarray]:
+        if not isinstance(input_feed, dict):
+            raise FeedError("feeds must be a dict {input name: array}")
+        by_name = {io.name: io for io in self.module.inputs}
+        unknown = sorted(set(input_feed) - set(by_name))
+        if unknown:
+            raise FeedError(f"unknown input name(s) {unknown}", hint=f"the model's inputs are {list(by_name)}")
+        missing = [n for n in by_name if n not in input_feed]
+        if missing:
+            raise FeedError(f"missing input(s) {missing}", hint=f"the model's inputs are {list(by_name)}")
+        names = [io.name for io in self.module.outputs]
+        if output_names is not None:
+            bad = [n for n in output_names if n not in names]
+            if bad:
+                raise FeedError(f"unknown output name(s) {bad}", hint=f"the model's outputs are {names}")
+        feeds = {n: self._encode(by_name[n], v) for n, v in input_feed.items()}
+        raw, times = run_sync(self.interp.run_raw(feeds, profile))
+        self.last_profile = times
+        outs = {io.name: self._decode(io, raw[io.name]) for io in self.module.outputs}
+        return [outs[n] for n in (output_names if output_names is not None else names)]

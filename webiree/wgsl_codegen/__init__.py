@@ -1,0 +1,1 @@
+"""Code generation: kernel IR (kir), the configuration heuristic, kernel builders, WGSL renderer."""

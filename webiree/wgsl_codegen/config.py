@@ -1,0 +1,70 @@
+"""Kernel configuration: the one heuristic that sizes every dispatch.
+
+Decided once here, recorded on the dispatch (and in the module, shown by
+`webiree inspect`), and only read by the kernel builders (DESIGN.md contract
+3). A tuning cache can later override a `KernelConfig` by dispatch key.
+All sizes respect the target limits (invocations per workgroup, workgroup
+storage bytes, workgroups per dimension).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..compiler import program as P
+
+# WebGPU's default limits: what every adapter offers, so a site built with them runs anywhere.
+DEFAULT_LIMITS = {
+    "max_compute_invocations_per_workgroup": 256,
+    "max_compute_workgroup_size_x": 256,
+    "max_compute_workgroup_size_y": 256,
+    "max_compute_workgroup_size_z": 64,
+    "max_compute_workgroup_storage_size": 16384,
+    "max_compute_workgroups_per_dimension": 65535,
+    "max_storage_buffers_per_shader_stage": 8,
+    "max_storage_buffer_binding_size": 134217728,
+    "max_buffer_size": 268435456,
+    "min_storage_buffer_offset_alignment": 256,
+}
+
+
+@dataclass
+class KernelConfig:
+    workgroup_size: tuple[int, int, int]
+    tile: tuple = ()            # matmul: (rows per thread, cols per thread, k step); conv: (out channels per thread,)
+    vector: int = 1
+    strategy: str = ""          # a name for the kernel variant
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
+    inv = limits["max_compute_invocations_per_workgroup"]
+    if isinstance(op, P.MatMul):
+        # 16x16 threads, each a 4x4 register block: 64x64 tiles, K in steps of 16.
+        # Thin problems (one row, e.g. a classifier head) use 1 row per thread.
+        wx = min(16, limits["max_compute_workgroup_size_x"])
+        wy = max(1, min(16, inv // wx, limits["max_compute_workgroup_size_y"]))
+        rm = 4 if op.m >= 32 else 1
+        rn = 4 if op.n >= 32 else 1
+        tk = 16
+        shared = 4 * tk * (wy * rm + wx * rn)
+        while shared > limits["max_compute_workgroup_storage_size"] and tk > 1:
+            tk //= 2
+            shared = 4 * tk * (wy * rm + wx * rn)
+        return KernelConfig((wx, wy, 1), (rm, rn, tk), 1, "tiled-shared")
+    if isinstance(op, P.Conv):
+        cout_per_group = op.w_shape[0] // op.group
+        cb = 4 if cout_per_group % 4 == 0 else (2 if cout_per_group % 2 == 0 else 1)
+        return KernelConfig((min(64, inv), 1, 1), (cb,), 1, "direct")
+    if isinstance(op, (P.Reduce, P.Softmax, P.LayerNorm)):
+        return KernelConfig((_pow2_at_most(max(op.r, 1), min(64, inv)), 1, 1), (), 1, "workgroup-tree")
+    return KernelConfig((min(64, inv), 1, 1), (), 1, "elementwise")

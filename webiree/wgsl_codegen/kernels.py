@@ -1,0 +1,487 @@
+"""Kernel builders: one canonical op + its KernelConfig -> a kernel-IR Kernel.
+
+One builder per op kind. Builders only read the configuration chosen in
+`config.py`; they never pick sizes themselves. The result is target-neutral
+kernel IR (see kir.py), rendered to WGSL by wgsl.py.
+
+Conventions: bindings are named b0, b1, ... in slot order; the output is the
+last binding; every index is i32; the 1-D workgroup id is folded over
+(x, y) so grids above 65,535 workgroups still launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..compiler import program as P
+from ..compiler.program import O, numel, strides_of
+from ..errors import LimitsError
+from . import kir
+from .config import KernelConfig
+from .kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Dispatch:
+    name: str
+    kind: str
+    nodes: list[str]
+    kernel: kir.Kernel
+    config: KernelConfig
+    grid: tuple[int, int, int]
+    tensors: list[str]          # tensor bound at each slot (slot i <-> b{i})
+
+
+class Binder:
+    """Assigns binding slots to tensors and renames loads in expressions."""
+
+    def __init__(self, prog: P.Program):
+        self.prog = prog
+        self.slots: list[str] = []
+
+    def name(self, tensor: str) -> str:
+        tensor = self.prog.root(tensor)
+        if tensor not in self.slots:
+            self.slots.append(tensor)
+        return f"b{self.slots.index(tensor)}"
+
+    def dtype(self, tensor: str) -> str:
+        return self.prog.tensors[self.prog.root(tensor)].dtype
+
+    def load(self, tensor: str, index) -> kir.Expr:
+        return kir.load(self.name(tensor), index, self.dtype(tensor))
+
+    def expr(self, e: kir.Expr) -> kir.Expr:
+        """A compiler expression (loads name tensors) with loads of binding slots instead."""
+        def fn(node):
+            if node.op == "load":
+                return kir.load(self.name(node.attr), kir.substitute(node.args[0], {"__fn__": fn}), node.dtype)
+            return None
+        return kir.substitute(e, {"__fn__": fn})
+
+    def bindings(self, out: str) -> list[kir.Binding]:
+        out = self.prog.root(out)
+        self.name(out)
+        return [kir.Binding(i, f"b{i}", self.prog.tensors[t].dtype, writes=(t == out)) for i, t in enumerate(self.slots)]
+
+
+def grid_for(n_groups: int, limits: dict) -> tuple[int, int, int]:
+    cap = limits["max_compute_workgroups_per_dimension"]
+    n_groups = max(n_groups, 1)
+    gx = min(n_groups, cap)
+    gy = -(-n_groups // gx)
+    if gy > cap:
+        raise LimitsError(f"{n_groups} workgroups exceed {cap}x{cap}", hint="use a smaller input shape")
+    return (gx, gy, 1)
+
+
+def linear_wid() -> kir.Expr:
+    return kir.cast(kir.WID[1] * kir.NWG[0] + kir.WID[0], "i32")
+
+
+def lid(axis: int = 0) -> kir.Expr:
+    return kir.cast(kir.LID[axis], "i32")
+
+
+def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr) -> kir.Expr:
+    """The anchor's result for one element after its fused epilogue."""
+    if op.epilogue is None:
+        return acc
+    return kir.substitute(b.expr(op.epilogue), {P.acc_var(acc.dtype): acc, O: o})
+
+
+# ----------------------------------------------------------------------------
+def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatch:
+    builder = {
+        P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
+        P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm,
+    }[type(op)]
+    b = Binder(prog)
+    body, shared, grid = builder(op, prog, cfg, limits, b)
+    kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
+    if len(kernel.bindings) > limits["max_storage_buffers_per_shader_stage"]:
+        raise LimitsError(f"dispatch {op.name} needs {len(kernel.bindings)} storage buffers, above the limit of "
+                          f"{limits['max_storage_buffers_per_shader_stage']}")
+    return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, list(b.slots))
+
+
+def build_generic(op: P.Generic, prog, cfg, limits, b: Binder):
+    wg = cfg.workgroup_size[0]
+    n = numel(prog.tensors[op.out].shape)
+    out = b.name(op.out)
+    value = b.expr(op.expr)
+    body = [Let("o", linear_wid() * wg + lid()),
+            If(O < n, [Store(out, O, value)])]
+    return body, [], grid_for(-(-n // wg), limits)
+
+
+def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
+    wx, wy, _ = cfg.workgroup_size
+    rm, rn, tk = cfg.tile
+    tm, tn = wy * rm, wx * rn
+    M, N, K = op.m, op.n, op.k
+    nthreads = wx * wy
+    A, B = b.name(op.a), b.name(op.b)
+    out = b.name(op.out)
+    nbatch = numel(op.batch)
+    if nbatch > limits["max_compute_workgroups_per_dimension"]:
+        raise LimitsError(f"MatMul batch {nbatch} exceeds the workgroups per dimension limit")
+    bz = kir.cast(kir.WID[2], "i32")
+    bcoords = P.coords_of(bz, op.batch) if op.batch else []
+
+    def batch_offset(shape):
+        if not shape:
+            return i32(0)
+        k = len(op.batch) - len(shape)
+        cs = [i32(0) if shape[i] == 1 else bcoords[k + i] for i in range(len(shape))]
+        return P.flat_of(cs, shape)
+
+    tx, ty = lid(0), lid(1)
+    m0 = kir.cast(kir.WID[1], "i32") * tm
+    n0 = kir.cast(kir.WID[0], "i32") * tn
+    li = kir.cast(kir.LINDEX, "i32")
+    k0 = lvar("k0", "i32")
+    body = [Let("a_off", batch_offset(op.a_batch) * (M * K)),
+            Let("b_off", batch_offset(op.b_batch) * (K * N)),
+            Let("m0", m0), Let("n0", n0)]
+    a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
+    m0, n0 = lvar("m0", "i32"), lvar("n0", "i32")
+    for i in range(rm):
+        for j in range(rn):
+            body.append(Decl(f"acc{i}_{j}", "f32", f32(0.0)))
+
+    def coop_load(shared, rows, elem_index, bound):
+        """Fill shared[kk * rows + r] for the k-step, zero outside the matrix."""
+        stmts = []
+        total = tk * rows
+        for step in range(-(-total // nthreads)):
+            idx = li + step * nthreads
+            kk, r = idx // rows, idx % rows
+            inb = kir.binary("and", bound(r), k0 + kk < K)
+            fill = [If(inb, [SStore(shared, idx, elem_index(r, k0 + kk))], [SStore(shared, idx, f32(0.0))])]
+            stmts.extend(fill if (step + 1) * nthreads <= total else [If(idx < total, fill)])
+        return stmts
+
+    a_elem = (lambda r, k: kir.load(A, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k), "f32"))
+    b_elem = (lambda c, k: kir.load(B, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c), "f32"))
+    inner = []
+    inner += coop_load("As", tm, a_elem, lambda r: m0 + r < M)
+    inner += coop_load("Bs", tn, b_elem, lambda c: n0 + c < N)
+    inner.append(Barrier())
+    for kk in range(tk):
+        a_vals = [kir.sload("As", kk * tm + ty + i * wy, "f32") for i in range(rm)]
+        b_vals = [kir.sload("Bs", kk * tn + tx + j * wx, "f32") for j in range(rn)]
+        for i in range(rm):
+            for j in range(rn):
+                acc = lvar(f"acc{i}_{j}", "f32")
+                inner.append(Assign(f"acc{i}_{j}", kir.fma(a_vals[i], b_vals[j], acc)))
+    inner.append(Barrier())
+    body.append(For("k0", i32(0), i32(K), inner, step=tk))
+    for i in range(rm):
+        for j in range(rn):
+            r, c = m0 + ty + i * wy, n0 + tx + j * wx
+            o = bz * (M * N) + r * N + c
+            acc = lvar(f"acc{i}_{j}", "f32")
+            if op.alpha != 1.0:
+                acc = acc * op.alpha
+            body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
+    shared = [kir.SharedArray("As", "f32", tk * tm), kir.SharedArray("Bs", "f32", tk * tn)]
+    return body, shared, (-(-N // tn), -(-M // tm), max(nbatch, 1))
+
+
+def _window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, unroll_max=3):
+    """Nested loops over a window; inner_fn(positions, kernel_coords) gives the innermost body.
+    Positions outside the input are skipped."""
+    nd = len(kdims)
+
+    def level(d, pos, kc):
+        if d == nd:
+            return inner_fn(pos, kc)
+        kv = lvar(f"k{d}", "i32")
+        p = out_coords[d] * strides[d] - pads[d] + kv * dilations[d]
+        body = [Let(f"p{d}", p),
+                If(kir.binary("and", lvar(f"p{d}", "i32") >= 0, lvar(f"p{d}", "i32") < in_sp[d]),
+                   level(d + 1, pos + [lvar(f"p{d}", "i32")], kc + [kv]))]
+        return [For(f"k{d}", i32(0), i32(kdims[d]), body, unroll=kdims[d] <= unroll_max)]
+    return level(0, [], [])
+
+
+def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
+    wg = cfg.workgroup_size[0]
+    (cb,) = cfg.tile
+    N, C = op.x_shape[:2]
+    in_sp = op.x_shape[2:]
+    M = op.w_shape[0]
+    Cg = op.w_shape[1]
+    Mg = M // op.group
+    out_sp = op.out_shape[2:]
+    S = numel(out_sp)
+    nd = len(in_sp)
+    total = N * (M // cb) * S
+    X, W, out = b.name(op.x), b.name(op.w), b.name(op.out)
+    t = lvar("t", "i32")
+    sp = lvar("sp", "i32")
+    ocoords = P.coords_of(sp, out_sp)
+    body = [Let("t", linear_wid() * wg + lid())]
+    work = [Let("sp", t % S if S > 1 else i32(0)), Let("rest", t // S),
+            Let("m0", (lvar("rest", "i32") % (M // cb)) * cb), Let("n", lvar("rest", "i32") // (M // cb)),
+            Let("g", lvar("m0", "i32") // Mg)]
+    for d in range(nd):
+        work.append(Let(f"q{d}", ocoords[d]))
+    q = [lvar(f"q{d}", "i32") for d in range(nd)]
+    m0, n, g = lvar("m0", "i32"), lvar("n", "i32"), lvar("g", "i32")
+    for j in range(cb):
+        work.append(Decl(f"acc{j}", "f32", f32(0.0)))
+    ksize = numel(op.w_shape[2:])
+    c = lvar("c", "i32")
+
+    def inner(pos, kc):
+        xv = kir.load(X, lvar("xbase", "i32") + P.flat_of(pos, in_sp), "f32")
+        stmts = [Let("xv", xv)]
+        for j in range(cb):
+            wv = kir.load(W, lvar(f"wbase{j}", "i32") + P.flat_of(kc, op.w_shape[2:]), "f32")
+            stmts.append(Assign(f"acc{j}", kir.fma(lvar("xv", "f32"), wv, lvar(f"acc{j}", "f32"))))
+        return stmts
+    cbody = [Let("xbase", (n * C + g * Cg + c) * numel(in_sp))]
+    for j in range(cb):
+        cbody.append(Let(f"wbase{j}", ((m0 + j) * Cg + c) * ksize))
+    cbody += _window_loops(op.w_shape[2:], op.strides, op.dilations, op.pads, in_sp, q, inner)
+    work.append(For("c", i32(0), i32(Cg), cbody))
+    for j in range(cb):
+        o = (n * M + m0 + j) * S + sp
+        work.append(Store(out, o, epilogue(op, b, lvar(f"acc{j}", "f32"), o)))
+    body.append(If(t < total, work))
+    return body, [], grid_for(-(-total // wg), limits)
+
+
+def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
+    wg = cfg.workgroup_size[0]
+    N, C = op.x_shape[:2]
+    in_sp = op.x_shape[2:]
+    out_sp = op.out_shape[2:]
+    S = numel(out_sp)
+    nd = len(in_sp)
+    total = N * C * S
+    dt = prog.tensors[op.x].dtype
+    X, out = b.name(op.x), b.name(op.out)
+    t = lvar("t", "i32")
+    ocoords = P.coords_of(t % S if S > 1 else i32(0), out_sp)
+    work = [Let("nc", t // S)]
+    for d in range(nd):
+        work.append(Let(f"q{d}", ocoords[d]))
+    q = [lvar(f"q{d}", "i32") for d in range(nd)]
+    init = {"max": kir.const(NEG_INF, "f32") if dt == "f32" else i32(-(1 << 31)), "avg": f32(0.0), "lp": f32(0.0)}
+    work.append(Decl("acc", dt, init[op.mode]))
+    work.append(Decl("cnt", "i32", i32(0)))
+    acc = lvar("acc", dt)
+
+    def inner(pos, kc):
+        v = kir.load(X, lvar("nc", "i32") * numel(in_sp) + P.flat_of(pos, in_sp), dt)
+        if op.mode == "max":
+            upd = select(kir.binary("or", v > acc, kir.unary("isnan", v)), v, acc) if dt == "f32" else kir.maximum(v, acc)
+        elif op.mode == "avg":
+            upd = acc + v
+        else:
+            upd = acc + kir.binary("pow", kir.unary("abs", v), f32(op.p))
+        return [Assign("acc", upd), Assign("cnt", lvar("cnt", "i32") + 1)]
+    work += _window_loops(op.kernel, op.strides, op.dilations, op.pads, in_sp, q, inner)
+    result = acc
+    if op.mode == "avg":
+        if op.count_include_pad:
+            # window positions inside the padded input (those past the end pad are not counted)
+            div = i32(1)
+            for d in range(nd):
+                start = q[d] * op.strides[d] - op.pads[d]
+                hi = in_sp[d] + op.pads[nd + d]
+                cnt_d = i32(0)
+                for k in range(op.kernel[d]):
+                    p = start + k * op.dilations[d]
+                    cnt_d = cnt_d + kir.cast(kir.binary("and", p >= -op.pads[d], p < hi), "i32")
+                div = div * cnt_d
+            result = acc / kir.cast(div, "f32")
+        else:
+            result = acc / kir.cast(kir.maximum(lvar("cnt", "i32"), 1), "f32")
+    elif op.mode == "lp":
+        result = kir.binary("pow", acc, f32(1.0 / op.p))
+    work.append(Store(out, t, epilogue(op, b, result, t)))
+    body = [Let("t", linear_wid() * wg + lid()), If(t < total, work)]
+    return body, [], grid_for(-(-total // wg), limits)
+
+
+# --- workgroup-tree reductions -------------------------------------------------
+
+def _tree(shared: str, wg: int, combine, value: kir.Expr, dtype: str, extra=None):
+    """Reduce one value per invocation across the workgroup; the result ends in shared[0].
+    `extra` = (shared2, value2) carries a second lane (argmax's index)."""
+    li = lid()
+    stmts = [SStore(shared, li, value)]
+    if extra:
+        stmts.append(SStore(extra[0], li, extra[1]))
+    stmts.append(Barrier())
+    stride = wg // 2
+    while stride >= 1:
+        a, c = kir.sload(shared, li, dtype), kir.sload(shared, li + stride, dtype)
+        if extra:
+            ia, ic = kir.sload(extra[0], li, "i32"), kir.sload(extra[0], li + stride, "i32")
+            take = combine(a, c, ia, ic)
+            upd = [If(take, [SStore(shared, li, c), SStore(extra[0], li, ic)])]
+        else:
+            upd = [SStore(shared, li, combine(a, c))]
+        stmts.append(If(li < stride, upd))
+        stmts.append(Barrier())
+        stride //= 2
+    return stmts
+
+
+def _max_nan(a, c):
+    return select(kir.binary("or", c > a, kir.unary("isnan", c)), c, a)
+
+
+def _min_nan(a, c):
+    return select(kir.binary("or", c < a, kir.unary("isnan", c)), c, a)
+
+
+def _row_setup(rows_total, inner, r, wg):
+    """Let row / base for a workgroup that reduces one row of [outer, R, inner]."""
+    row = lvar("row", "i32")
+    return [Let("row", linear_wid()),
+            Let("base", (row // inner) * (r * inner) + row % inner if inner > 1 else row * r)]
+
+
+def _strided_loop(var_name, r, wg, body):
+    return For(var_name, lid(), i32(r), body, step=wg)
+
+
+def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
+    wg = cfg.workgroup_size[0]
+    rows = op.outer * op.inner
+    dt = prog.tensors[op.x].dtype
+    X, out = b.name(op.x), b.name(op.out)
+    base, row = lvar("base", "i32"), lvar("row", "i32")
+    rv = lvar("r", "i32")
+    elem = kir.load(X, base + rv * op.inner, dt)
+    mode = op.mode
+    work = _row_setup(rows, op.inner, op.r, wg)
+    shared = [kir.SharedArray("red", dt, wg)]
+    if mode in ("argmax", "argmin"):
+        better = (lambda v, best: v > best) if mode == "argmax" else (lambda v, best: v < best)
+        if op.select_last:
+            better = (lambda v, best: v >= best) if mode == "argmax" else (lambda v, best: v <= best)
+        init = kir.const(NEG_INF if mode == "argmax" else float("inf"), "f32") if dt == "f32" else \
+            i32(-(1 << 31) if mode == "argmax" else (1 << 31) - 1)
+        work += [Decl("best", dt, init), Decl("bi", "i32", i32(-1))]
+        best, bi = lvar("best", dt), lvar("bi", "i32")
+        take = kir.binary("or", better(elem, best), bi < 0)
+        work.append(_strided_loop("r", op.r, wg, [If(take, [Assign("best", elem), Assign("bi", rv)])]))
+
+        def combine(a, c, ia, ic):
+            strictly = (c > a) if mode == "argmax" else (c < a)
+            tie = kir.binary("eq", c, a)
+            pick_tie = (ic > ia) if op.select_last else (ic < ia)
+            valid = ic >= 0
+            return kir.binary("and", valid, kir.binary("or", ia < 0, kir.binary("or", strictly,
+                                                                                   kir.binary("and", tie, pick_tie))))
+        shared.append(kir.SharedArray("redi", "i32", wg))
+        work += _tree("red", wg, combine, best, dt, extra=("redi", bi))
+        work.append(If(lid() == 0, [Store(out, row, epilogue(op, b, kir.sload("redi", i32(0), "i32"), row))]))
+        body = [If(linear_wid() < rows, work)]
+        return body, shared, grid_for(rows, limits)
+
+    if mode == "logsumexp":
+        work += [Decl("m", dt, kir.const(NEG_INF, "f32"))]
+        work.append(_strided_loop("r", op.r, wg, [Assign("m", _max_nan(lvar("m", dt), elem))]))
+        work += _tree("red", wg, _max_nan, lvar("m", dt), dt)
+        work += [Let("mx", kir.sload("red", i32(0), dt)), Barrier()]
+        mx = lvar("mx", dt)
+        # an all -inf row keeps -inf (not NaN): shift by 0 then
+        work.append(Let("shift", select(kir.unary("isinf", mx), f32(0.0), mx)))
+        pre = lambda v: kir.unary("exp", v - lvar("shift", dt))  # noqa: E731
+    else:
+        pre = {"sum": lambda v: v, "mean": lambda v: v, "max": lambda v: v, "min": lambda v: v,
+               "prod": lambda v: v, "l1": lambda v: kir.unary("abs", v), "l2": lambda v: v * v,
+               "sumsquare": lambda v: v * v, "logsum": lambda v: v}[mode]
+    if mode in ("max", "min"):
+        init = kir.const(NEG_INF if mode == "max" else float("inf"), "f32") if dt == "f32" else \
+            kir.const(-(1 << 31) if mode == "max" else (1 << 31) - 1, dt)
+        combine = (_max_nan if mode == "max" else _min_nan) if dt == "f32" else \
+            (kir.maximum if mode == "max" else kir.minimum)
+    elif mode == "prod":
+        init, combine = kir.const(1, dt), (lambda a, c: a * c)
+    else:
+        init, combine = kir.const(0, dt), (lambda a, c: a + c)
+    work.append(Decl("acc", dt, init))
+    work.append(_strided_loop("r", op.r, wg, [Assign("acc", combine(lvar("acc", dt), pre(elem)))]))
+    work += _tree("red", wg, combine, lvar("acc", dt), dt)
+    res = kir.sload("red", i32(0), dt)
+    if mode == "mean":
+        res = res / float(op.r) if dt == "f32" else res / op.r
+    elif mode == "l2":
+        res = kir.unary("sqrt", res)
+    elif mode == "logsum":
+        res = kir.unary("log", res)
+    elif mode == "logsumexp":
+        res = lvar("shift", dt) + kir.unary("log", res)
+    work.append(If(lid() == 0, [Store(out, row, epilogue(op, b, res, row))]))
+    body = [If(linear_wid() < rows, work)]
+    return body, shared, grid_for(rows, limits)
+
+
+def build_softmax(op: P.Softmax, prog, cfg, limits, b: Binder):
+    wg = cfg.workgroup_size[0]
+    rows = op.outer * op.inner
+    X, out = b.name(op.x), b.name(op.out)
+    base, row, rv = lvar("base", "i32"), lvar("row", "i32"), lvar("r", "i32")
+    idx = base + rv * op.inner
+    elem = kir.load(X, idx, "f32")
+    work = _row_setup(rows, op.inner, op.r, wg)
+    work += [Decl("m", "f32", kir.const(NEG_INF, "f32"))]
+    work.append(_strided_loop("r", op.r, wg, [Assign("m", _max_nan(lvar("m", "f32"), elem))]))
+    work += _tree("red", wg, _max_nan, lvar("m", "f32"), "f32")
+    work += [Let("mx", kir.sload("red", i32(0), "f32")), Barrier()]
+    mx = lvar("mx", "f32")
+    work += [Decl("s", "f32", f32(0.0))]
+    work.append(_strided_loop("r", op.r, wg, [Assign("s", lvar("s", "f32") + kir.unary("exp", elem - mx))]))
+    work += _tree("red", wg, lambda a, c: a + c, lvar("s", "f32"), "f32")
+    work += [Let("total", kir.sload("red", i32(0), "f32"))]
+    total = lvar("total", "f32")
+    if op.log:
+        val = elem - mx - kir.unary("log", total)
+    else:
+        val = kir.unary("exp", elem - mx) / total
+    work.append(_strided_loop("r", op.r, wg, [Let("oi", idx), Store(out, lvar("oi", "i32"),
+                                                                      epilogue(op, b, val, lvar("oi", "i32")))]))
+    body = [If(linear_wid() < rows, work)]
+    return body, [kir.SharedArray("red", "f32", wg)], grid_for(rows, limits)
+
+
+def build_layernorm(op: P.LayerNorm, prog, cfg, limits, b: Binder):
+    wg = cfg.workgroup_size[0]
+    rows = op.outer
+    X, out = b.name(op.x), b.name(op.out)
+    S = b.name(op.scale)
+    Bn = b.name(op.bias) if op.bias else None
+    base, row, rv = lvar("base", "i32"), lvar("row", "i32"), lvar("r", "i32")
+    elem = kir.load(X, base + rv, "f32")
+    work = _row_setup(rows, 1, op.r, wg)
+    work += [Decl("s", "f32", f32(0.0))]
+    work.append(_strided_loop("r", op.r, wg, [Assign("s", lvar("s", "f32") + elem)]))
+    work += _tree("red", wg, lambda a, c: a + c, lvar("s", "f32"), "f32")
+    work += [Let("mean", kir.sload("red", i32(0), "f32") / float(op.r)), Barrier()]
+    mean = lvar("mean", "f32")
+    work += [Decl("v", "f32", f32(0.0))]
+    d = elem - mean
+    work.append(_strided_loop("r", op.r, wg, [Assign("v", lvar("v", "f32") + d * d)]))
+    work += _tree("red", wg, lambda a, c: a + c, lvar("v", "f32"), "f32")
+    work += [Let("inv", kir.unary("rsqrt", kir.sload("red", i32(0), "f32") / float(op.r) + op.eps))]
+    val = (elem - mean) * lvar("inv", "f32") * kir.load(S, rv, "f32")
+    if Bn:
+        val = val + kir.load(Bn, rv, "f32")
+    oi = lvar("oi", "i32")
+    work.append(_strided_loop("r", op.r, wg, [Let("oi", base + rv), Store(out, oi, epilogue(op, b, val, oi))]))
+    body = [If(linear_wid() < rows, work)]
+    return body, [kir.SharedArray("red", "f32", wg)], grid_for(rows, limits)
+
+
+__all__ = ["Dispatch", "build", "grid_for", "strides_of"]

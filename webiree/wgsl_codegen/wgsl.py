@@ -1,0 +1,240 @@
+"""Render a kernel-IR `Kernel` to WGSL text.
+
+The rendering is mechanical: type maps and operator tables are data, and a
+sub-expression used more than once within a statement is bound once with
+`let`. Anything clever (tiling, vectorization) was decided before this point
+and is already in the kernel's structure.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from . import kir
+from .kir import Expr
+
+STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32"}
+
+INFIX = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%",
+    "band": "&", "bor": "|", "bxor": "^", "shl": "<<", "shr": ">>",
+    "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+    "and": "&&", "or": "||",
+}
+BUILTIN_CALL = {
+    "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2",
+    "sqrt": "sqrt", "rsqrt": "inverseSqrt", "floor": "floor", "ceil": "ceil",
+    "round": "round", "trunc": "trunc", "sign": "sign", "sin": "sin", "cos": "cos",
+    "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
+    "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+    "min": "min", "max": "max", "pow": "pow", "atan2": "atan2", "clamp": "clamp", "fma": "fma",
+    "tanh": "wi_tanh", "erf": "wi_erf",
+}
+
+# Helpers emitted only when a kernel uses them.
+HELPERS = {
+    # Abramowitz & Stegun 7.1.26 has 1.5e-7 absolute error; erf is odd.
+    "wi_erf": """fn wi_erf(x: f32) -> f32 {
+  let a = abs(x);
+  let t = 1.0 / (1.0 + 0.3275911 * a);
+  let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-a * a);
+  return select(-y, y, x >= 0.0);
+}""",
+    # tanh through exp of a clamped argument: exact in f32 for |x| > 9 and
+    # free of the inf/inf a naive formula gives; NaN passes through.
+    "wi_tanh": """fn wi_tanh(x: f32) -> f32 {
+  let c = clamp(x, -9.0, 9.0);
+  let e = exp(2.0 * c);
+  return select((e - 1.0) / (e + 1.0), x, x != x);
+}""",
+}
+
+
+def f32_literal(v: float) -> str:
+    if math.isnan(v):
+        return "bitcast<f32>(0x7fc00000u)"
+    if math.isinf(v):
+        return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+    if v == 0.0 and math.copysign(1.0, v) < 0:
+        return "bitcast<f32>(0x80000000u)"
+    # subnormals are flushed by some drivers; write them exactly anyway
+    text = repr(v)
+    if "e" not in text and "." not in text and "inf" not in text:
+        text += ".0"
+    if abs(v) < 1.1754943508222875e-38 and v != 0.0:
+        bits = struct.unpack("<I", struct.pack("<f", v))[0]
+        return f"bitcast<f32>({bits}u)"
+    return text + "f"
+
+
+def literal(e: Expr) -> str:
+    v = e.attr
+    if e.dtype == "f32":
+        return f32_literal(v)
+    if e.dtype == "i32":
+        return "i32(-2147483648)" if v == -(1 << 31) else (f"{v}i" if v >= 0 else f"({v}i)")
+    if e.dtype == "u32":
+        return f"{v}u"
+    return "true" if v else "false"
+
+
+class _Renderer:
+    def __init__(self, kernel: kir.Kernel):
+        self.k = kernel
+        self.storage = {b.name: b for b in kernel.bindings}
+        self.helpers: set[str] = set()
+        self.tmp = 0
+        self.lines: list[str] = []
+
+    # --- expressions -------------------------------------------------------
+    def expr(self, e: Expr, names: dict) -> str:
+        got = names.get(e)
+        if got is not None:
+            return got
+        op, a = e.op, e.args
+        if op == "const":
+            return literal(e)
+        if op == "var":
+            return e.attr
+        if op == "load":
+            b = self.storage[e.attr]
+            text = f"{e.attr}[{self.expr(a[0], names)}]"
+            return f"({text} != 0u)" if b.dtype == "bool" else text
+        if op == "sload" or op == "aload":
+            return f"{e.attr}[{self.expr(a[0], names)}]"
+        if op in INFIX:
+            lhs, rhs = self.expr(a[0], names), self.expr(a[1], names)
+            if op in ("shl", "shr"):
+                rhs = f"u32({rhs})" if a[1].dtype != "u32" else rhs
+            if op == "div" and e.dtype == "f32" and a[0].is_const and a[1].is_const:
+                return f"({lhs} / ({rhs} + 0.0f * {lhs}))"  # keep naga from const-folding 1/0
+            return f"({lhs} {INFIX[op]} {rhs})"
+        if op == "neg":
+            return f"(-{self.expr(a[0], names)})"
+        if op == "not":
+            return f"(!{self.expr(a[0], names)})"
+        if op == "bnot":
+            return f"(~{self.expr(a[0], names)})"
+        if op == "isnan":
+            x = self.expr(a[0], names)
+            return f"((bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"
+        if op == "isinf":
+            x = self.expr(a[0], names)
+            return f"((bitcast<u32>({x}) & 0x7fffffffu) == 0x7f800000u)"
+        if op == "select":
+            c, t, f = (self.expr(x, names) for x in a)
+            return f"select({f}, {t}, {c})"
+        if op == "cast":
+            x = self.expr(a[0], names)
+            if e.dtype == "bool":
+                zero = {"f32": "0.0f", "i32": "0i", "u32": "0u"}[a[0].dtype]
+                return f"({x} != {zero})"
+            return f"{STORAGE_TYPE[e.dtype]}({x})"
+        if op == "bitcast":
+            return f"bitcast<{e.dtype}>({self.expr(a[0], names)})"
+        fn = BUILTIN_CALL[op]
+        if fn in HELPERS:
+            self.helpers.add(fn)
+        return f"{fn}({', '.join(self.expr(x, names) for x in a)})"
+
+    def bind_common(self, exprs: list[Expr], indent: str) -> dict:
+        """Emit `let` for sub-expressions used more than once in `exprs`."""
+        uses: dict[int, int] = {}
+        order: list[Expr] = []
+        seen: set[int] = set()
+
+        def visit(node: Expr):
+            stack = [node]
+            while stack:
+                n = stack.pop()
+                uses[id(n)] = uses.get(id(n), 0) + 1
+                if id(n) in seen:
+                    continue
+                seen.add(id(n))
+                stack.extend(n.args)
+
+        for x in exprs:
+            visit(x)
+        # post-order so children are bound before parents
+        names: dict = {}
+        for n in _postorder(exprs):
+            if uses.get(id(n), 0) > 1 and n.op not in ("const", "var") and n.args:
+                text = self.expr(n, names)
+                name = f"t{self.tmp}"
+                self.tmp += 1
+                self.lines.append(f"{indent}let {name} = {text};")
+                names[n] = name
+            order.append(n)
+        return names
+
+    # --- statements --------------------------------------------------------
+    def stmts(self, body, depth: int):
+        ind = "  " * depth
+        for s in body:
+            exprs = kir.stmt_exprs(s)
+            names = self.bind_common(exprs, ind) if exprs else {}
+            x = lambda e: self.expr(e, names)  # noqa: E731
+            if isinstance(s, kir.Let):
+                self.lines.append(f"{ind}let {s.name} = {x(s.value)};")
+            elif isinstance(s, kir.Decl):
+                init = f" = {x(s.init)}" if s.init is not None else ""
+                self.lines.append(f"{ind}var {s.name}: {STORAGE_TYPE[s.dtype] if s.dtype != 'bool' else 'bool'}{init};")
+            elif isinstance(s, kir.LocalArray):
+                self.lines.append(f"{ind}var {s.name}: array<{s.dtype}, {s.size}>;")
+            elif isinstance(s, kir.Assign):
+                target = s.name if s.index is None else f"{s.name}[{x(s.index)}]"
+                self.lines.append(f"{ind}{target} = {x(s.value)};")
+            elif isinstance(s, kir.Store):
+                b = self.storage[s.buf]
+                v = x(s.value)
+                if b.dtype == "bool":
+                    v = f"select(0u, 1u, {v})"
+                self.lines.append(f"{ind}{s.buf}[{x(s.index)}] = {v};")
+            elif isinstance(s, kir.SStore):
+                self.lines.append(f"{ind}{s.name}[{x(s.index)}] = {x(s.value)};")
+            elif isinstance(s, kir.For):
+                self.lines.append(
+                    f"{ind}for (var {s.var}: i32 = {x(s.start)}; {s.var} < {x(s.stop)}; {s.var} += {s.step}i) {{")
+                self.stmts(s.body, depth + 1)
+                self.lines.append(f"{ind}}}")
+            elif isinstance(s, kir.If):
+                self.lines.append(f"{ind}if ({x(s.cond)}) {{")
+                self.stmts(s.then, depth + 1)
+                if s.orelse:
+                    self.lines.append(f"{ind}}} else {{")
+                    self.stmts(s.orelse, depth + 1)
+                self.lines.append(f"{ind}}}")
+            elif isinstance(s, kir.Barrier):
+                self.lines.append(f"{ind}workgroupBarrier();")
+            elif isinstance(s, kir.Return):
+                self.lines.append(f"{ind}return;")
+            else:
+                raise TypeError(f"unknown statement {s!r}")
+
+
+def _postorder(roots: list[Expr]):
+    seen: set[int] = set()
+    for r in roots:
+        for n in kir.walk(r, seen):
+            yield n
+
+
+def render(kernel: kir.Kernel) -> str:
+    """WGSL source of `kernel`, entry point `main`."""
+    body = kir.unroll(kernel.body)
+    r = _Renderer(kernel)
+    r.stmts(body, 1)
+    head = [f"// webiree kernel {kernel.name}"]
+    for b in kernel.bindings:
+        head.append(f"@group(0) @binding({b.slot}) var<storage, read_write> {b.name}: array<{STORAGE_TYPE[b.dtype]}>;")
+    for s in kernel.shared:
+        head.append(f"var<workgroup> {s.name}: array<{STORAGE_TYPE[s.dtype]}, {s.size}>;")
+    for h in sorted(r.helpers):
+        head.append(HELPERS[h])
+    x, y, z = kernel.workgroup_size
+    head.append(f"@compute @workgroup_size({x}, {y}, {z})")
+    head.append("fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,"
+                " @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,"
+                " @builtin(local_invocation_index) lindex: u32) {")
+    return "\n".join(head + r.lines + ["}", ""])
