@@ -30,8 +30,8 @@ exporter's default ``external_data=True`` would write the weights to a side file
 ``external_data=False`` and get one self-contained ``NAME.onnx``.
 
 Pinned versions used to produce the committed README numbers:
-torch==2.13.0 (CPU build), transformers==5.24.0, onnxscript==0.7.2 (onnx-ir 1.1.0),
-onnx==1.23.2, onnxruntime==1.31.1, numpy 2.4.6.
+torch==2.13.0 (CPU build), transformers==5.23.0 (5.24.0 gives byte-identical files),
+onnxscript==0.7.2, onnx-ir==1.1.0, onnx==1.23.2, onnxruntime==1.31.1, numpy 2.4.6.
 """
 
 from __future__ import annotations

@@ -54,15 +54,15 @@ class Lowering:
         self.onnx_types: dict[str, int] = {}
         self._names: set[str] = set()
         self.node: Node | None = None
+        self._op_names: set[str] = set()
         self.pad_info: dict[str, tuple] = {}   # zero-Pad output -> (its input, spatial pads)
+        self.bad_inputs: list[tuple[str, str]] = []   # inputs of types WebGPU cannot hold
         for name in graph.inputs:
             t = graph.types[name]
             dt = internal_dtype(t.elem_type)
             if dt is None:
-                raise UnsupportedOpError(
-                    f"input {name!r} has element type {ONNX_TYPE_NAMES.get(t.elem_type, t.elem_type)}, "
-                    "which WebGPU cannot compute with",
-                    hint="use float32, int32, int64 or bool inputs")
+                self.bad_inputs.append((name, ONNX_TYPE_NAMES.get(t.elem_type, str(t.elem_type))))
+                continue
             self.tensors[name] = Tensor(name, tuple(t.shape), dt, kind="input")
             self.onnx_types[name] = t.elem_type
 
@@ -102,11 +102,21 @@ class Lowering:
         return t.name
 
     def fresh(self, base: str) -> str:
+        """A tensor name not used yet."""
         i, name = 0, base
         while name in self._names or name in self.tensors or name in self.consts:
             i += 1
             name = f"{base}__{i}"
         self._names.add(name)
+        return name
+
+    def op_name(self, base: str) -> str:
+        """A dispatch name not used yet (op names live apart from tensor names)."""
+        i, name = 0, base
+        while name in self._op_names:
+            i += 1
+            name = f"{base}__{i}"
+        self._op_names.add(name)
         return name
 
     def pad_source(self, name: str):
@@ -173,7 +183,7 @@ class Lowering:
         expr = fn(coords_of(OUT_INDEX, t.shape))
         if expr.dtype != dtype:
             expr = kir.cast(expr, dtype)
-        self.ops.append(Generic(name=self.fresh(self.node.name), out=out, nodes=[self.node.name], expr=expr))
+        self.ops.append(Generic(name=self.op_name(self.node.name), out=out, nodes=[self.node.name], expr=expr))
 
     def view(self, out: str, src: str, shape) -> None:
         """out is `src` with another shape (same elements, same order): no dispatch."""
@@ -190,7 +200,7 @@ class Lowering:
     def anchor(self, op: Op, shape, dtype: str = "f32") -> None:
         """Register an anchor op (MatMul, Conv, ...) writing a new tensor."""
         self._new(op.out, shape, dtype)
-        op.name = self.fresh(op.name or self.node.name)
+        op.name = self.op_name(op.name or self.node.name)
         self.ops.append(op)
 
     def temp(self, base: str) -> str:
@@ -217,8 +227,10 @@ def lower(graph: Graph) -> Program:
     from . import ops as registry
 
     ctx = Lowering(graph)
-    unsupported: list[tuple[str, str, str]] = []
-    blocked: set[str] = set()
+    unsupported: list[tuple[str, str, str]] = [
+        (name, "graph input", f"element type {type_name} (use float32, int32, int64 or bool)")
+        for name, type_name in ctx.bad_inputs]
+    blocked: set[str] = {name for name, _ in ctx.bad_inputs}
     for node in graph.nodes:
         ctx.node = node
         if node.domain not in ("", "ai.onnx"):

@@ -35,8 +35,13 @@ def dce(prog: Program) -> Program:
     for op in prog.ops:
         used.add(op.out)
     # keep views whose root stays (graph outputs may be views)
-    prog.tensors = {n: t for n, t in prog.tensors.items()
-                    if n in used or (t.alias_of is not None and prog.root(n) in used and n in prog.outputs)}
+    def live_view(t):
+        while t.alias_of is not None:
+            t = prog.tensors.get(t.alias_of)
+            if t is None:       # its base was fused away
+                return False
+        return t.name in used
+    prog.tensors = {n: t for n, t in prog.tensors.items() if n in used or (t.alias_of is not None and live_view(t))}
     return prog
 
 

@@ -54,19 +54,28 @@ def strides_of(shape) -> list[int]:
 
 
 def coords_of(flat: Expr, shape) -> list[Expr]:
-    """Row-major coordinates of a flat index."""
+    """Row-major coordinates of a flat index (< numel(shape)).
+
+    The first dim larger than 1 takes no modulo (the index is in range); size-1
+    dims are the constant 0. `flat_of` relies on this canonical form."""
     st = strides_of(shape)
-    out = []
-    for d, (n, s) in enumerate(zip(shape, st)):
+    out, leading = [], True
+    for n, s in zip(shape, st):
+        if n == 1:
+            out.append(kir.i32(0))
+            continue
         c = flat // s if s != 1 else flat
-        if d > 0 and n != 1:
+        if not leading:
             c = c % n
-        out.append(kir.i32(0) if n == 1 else c)
+        leading = False
+        out.append(c)
     return out
 
 
 def flat_of(coords, shape) -> Expr:
     """Flat row-major index of coordinates; the coordinates of `o` itself give back `o`."""
+    if numel(shape) == 1:
+        return kir.i32(0)
     if len(coords) == len(shape) and all(a is b for a, b in zip(coords, coords_of(O, shape))):
         return O
     idx = kir.i32(0)

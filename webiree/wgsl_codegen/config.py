@@ -67,4 +67,6 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         return KernelConfig((min(64, inv), 1, 1), (cb,), 1, "direct")
     if isinstance(op, (P.Reduce, P.Softmax, P.LayerNorm)):
         return KernelConfig((_pow2_at_most(max(op.r, 1), min(64, inv)), 1, 1), (), 1, "workgroup-tree")
+    if isinstance(op, P.Pool):
+        return KernelConfig((min(64, inv), 1, 1), (), 1, "window")
     return KernelConfig((min(64, inv), 1, 1), (), 1, "elementwise")

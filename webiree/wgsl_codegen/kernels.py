@@ -385,7 +385,7 @@ def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
                                                                                    kir.binary("and", tie, pick_tie))))
         shared.append(kir.SharedArray("redi", "i32", wg))
         work += _tree("red", wg, combine, best, dt, extra=("redi", bi))
-        work.append(If(lid() == 0, [Store(out, row, epilogue(op, b, kir.sload("redi", i32(0), "i32"), row))]))
+        work.append(If(kir.binary("eq", lid(), i32(0)), [Store(out, row, epilogue(op, b, kir.sload("redi", i32(0), "i32"), row))]))
         body = [If(linear_wid() < rows, work)]
         return body, shared, grid_for(rows, limits)
 
@@ -423,7 +423,7 @@ def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
         res = kir.unary("log", res)
     elif mode == "logsumexp":
         res = lvar("shift", dt) + kir.unary("log", res)
-    work.append(If(lid() == 0, [Store(out, row, epilogue(op, b, res, row))]))
+    work.append(If(kir.binary("eq", lid(), i32(0)), [Store(out, row, epilogue(op, b, res, row))]))
     body = [If(linear_wid() < rows, work)]
     return body, shared, grid_for(rows, limits)
 

@@ -133,7 +133,7 @@ def _pow(a: Expr, b: Expr) -> Expr:
         if y == 0.0:
             return f32(1.0)
     r = kir.binary("pow", kir.unary("abs", a), b)
-    is_int = kir.unary("floor", b).__eq__(b) if False else kir.binary("eq", kir.unary("floor", b), b)
+    is_int = kir.binary("eq", kir.unary("floor", b), b)
     odd = kir.binary("ne", kir.unary("floor", b * 0.5) * 2.0, b)
     neg_result = select(is_int, select(odd, -r, r), f32(math.nan))
     out = select(a < 0.0, neg_result, r)
@@ -145,8 +145,7 @@ def _mod(a: Expr, b: Expr, fmod: int) -> Expr:
         if fmod:
             return a % b
         r = a % b
-        return select((r != 0.0) & ((r < 0.0) != (b < 0.0)) if False else
-                      kir.binary("and", kir.binary("ne", r, f32(0.0)), kir.binary("ne", r < 0.0, b < 0.0)), r + b, r)
+        return select(kir.binary("and", kir.binary("ne", r, f32(0.0)), kir.binary("ne", r < 0.0, b < 0.0)), r + b, r)
     zero = kir.const(0, a.dtype)
     r = select(kir.binary("eq", b, zero), zero, a % b)
     if fmod or a.dtype == "u32":

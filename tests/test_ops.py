@@ -1,0 +1,174 @@
+"""Every foundation op and fused pattern against onnxruntime (CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from webiree.testing.models import make_model
+
+F = TensorProto.FLOAT
+
+
+def vi(name, shape, t=F):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def single(op, in_shapes, out_shape, attrs=None, inits=None, opset=17, out_type=F, in_types=None, extra_inputs=()):
+    names = [f"x{i}" for i in range(len(in_shapes))]
+    node = helper.make_node(op, names + list(extra_inputs), ["y"], **(attrs or {}))
+    in_types = in_types or [F] * len(in_shapes)
+    return make_model([node], [vi(n, s, t) for n, s, t in zip(names, in_shapes, in_types)],
+                      [vi("y", out_shape, out_type)], inits or {}, opset=opset)
+
+
+UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Abs", "Neg", "Floor", "Ceil", "Erf", "Softsign", "Softplus",
+         "HardSwish", "Sin", "Cos", "Atan", "Sign", "Reciprocal", "Elu", "Selu", "Mish", "Round"]
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary(op, check):
+    check(single(op, [[3, 17]], [3, 17], opset=18 if op == "Mish" else 17))
+
+
+def test_sqrt_log_on_positive(check, tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0.1, 5, (4, 9)).astype(np.float32)
+    for op in ("Sqrt", "Log"):
+        check(single(op, [[4, 9]], [4, 9]), feeds={"x0": x})
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("shapes", [([2, 3, 4], [2, 3, 4]), ([2, 3, 4], [4]), ([2, 1, 4], [3, 1]), ([1], [5, 2])])
+def test_binary_broadcast(op, shapes, check):
+    a, b = shapes
+    out = list(np.broadcast_shapes(tuple(a), tuple(b)))
+    check(single(op, [a, b], out))
+
+
+def test_pow_and_constant_exponents(check):
+    m = make_model([helper.make_node("Pow", ["x", "three"], ["y"]), helper.make_node("Pow", ["x", "half_exp"], ["z"])],
+                   [vi("x", [2, 5])], [vi("y", [2, 5]), vi("z", [2, 5])],
+                   {"three": np.array(3.0, np.float32), "half_exp": np.array(2.0, np.float32)})
+    check(m)
+
+
+def test_clip_relu6_and_leaky(check):
+    m = make_model([helper.make_node("Clip", ["x", "lo", "hi"], ["c"]),
+                    helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.2)],
+                   [vi("x", [4, 8])], [vi("y", [4, 8])],
+                   {"lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)})
+    check(m, feeds={"x": np.linspace(-3, 3, 32, dtype=np.float32).reshape(4, 8)})
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_gemm_transposes(ta, tb, check):
+    M, K, N = 37, 29, 41
+    a = [K, M] if ta else [M, K]
+    b = [N, K] if tb else [K, N]
+    rng = np.random.default_rng(2)
+    m = make_model([helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=ta, transB=tb, alpha=0.7, beta=1.3)],
+                   [vi("a", a)], [vi("y", [M, N])],
+                   {"b": rng.standard_normal(b).astype(np.float32), "c": rng.standard_normal([N]).astype(np.float32)})
+    check(m)
+
+
+@pytest.mark.parametrize("sa,sb", [([70, 33], [33, 65]), ([2, 3, 20, 8], [2, 3, 8, 20]), ([4, 9, 16], [16, 7]),
+                                   ([3, 1, 5, 6], [2, 6, 4]), ([8], [8, 3]), ([5, 8], [8])])
+def test_matmul_batched_broadcast(sa, sb, check):
+    out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
+    check(single("MatMul", [sa, sb], out))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(pads=[1, 1, 1, 1]),
+    dict(strides=[2, 2], pads=[1, 0, 1, 0]),
+    dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
+    dict(group=4, pads=[1, 1, 1, 1]),                       # grouped
+    dict(group=8, strides=[2, 2], pads=[1, 1, 1, 1]),       # depthwise strided
+    dict(group=8, dilations=[4, 4], pads=[4, 4, 4, 4]),     # depthwise dilated
+    dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+])
+def test_conv2d(kw, check):
+    rng = np.random.default_rng(3)
+    group = kw.get("group", 1)
+    cin, cout = 8, 8 if group == 8 else 12
+    w = rng.standard_normal([cout, cin // group, 3, 3]).astype(np.float32)
+    b = rng.standard_normal([cout]).astype(np.float32)
+    m = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **kw)], [vi("x", [1, cin, 15, 13])],
+                   [vi("y", None)], {"w": w, "b": b})
+    check(m)
+
+
+def test_conv_1x1_and_no_bias(check):
+    rng = np.random.default_rng(4)
+    m = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", [2, 6, 7, 7])], [vi("y", None)],
+                   {"w": rng.standard_normal([10, 6, 1, 1]).astype(np.float32)})
+    check(m)
+
+
+@pytest.mark.parametrize("op,kw", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[3, 3], dilations=[2, 2])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    ("GlobalAveragePool", {}),
+    ("GlobalMaxPool", {}),
+])
+def test_pooling(op, kw, check):
+    check(single(op, [[1, 5, 11, 9]], None, kw))
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_softmax(axis, check):
+    check(single("Softmax", [[3, 7, 5]], [3, 7, 5], {"axis": axis}))
+
+
+def test_softmax_large_values_is_stable(check):
+    x = (np.arange(24, dtype=np.float32).reshape(2, 12) * 40.0)
+    check(single("Softmax", [[2, 12]], [2, 12]), feeds={"x0": x})
+
+
+def test_softmax_long_row(check):
+    check(single("Softmax", [[2, 1000]], [2, 1000]))
+
+
+def test_softmax_opset11_coerces_to_2d(check):
+    check(single("Softmax", [[2, 3, 4]], [2, 3, 4], {"axis": 1}, opset=11))
+
+
+def test_flatten_reshape_are_views(tmp_path):
+    from tests.conftest import check_model
+    m = make_model([helper.make_node("Flatten", ["x"], ["f"], axis=2),
+                    helper.make_node("Reshape", ["f", "shape"], ["r"]),
+                    helper.make_node("Relu", ["r"], ["y"])],
+                   [vi("x", [2, 3, 4, 5])], [vi("y", [6, 20])], {"shape": np.array([6, -1], np.int64)})
+    res = check_model(m, tmp_path)
+    assert len(res.dispatches) == 1
+
+
+def test_reshape_output_of_graph(check):
+    m = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
+                   [vi("x", [2, 6])], [vi("y", [3, 4])], {"s": np.array([3, 4], np.int64)})
+    check(m)
+
+
+def test_identity_model_output_is_input(check):
+    check(make_model([helper.make_node("Identity", ["x"], ["y"])], [vi("x", [3, 3])], [vi("y", [3, 3])], {}))
+
+
+def test_constant_folding_of_shape_subgraph(tmp_path):
+    from tests.conftest import check_model
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "ax"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y0"]),
+             helper.make_node("Sigmoid", ["y0"], ["y"])]
+    m = make_model(nodes, [vi("x", [2, 3, 4])], [vi("y", [2, 12])],
+                   {"zero": np.array(0, np.int64), "ax": np.array([0], np.int64), "minus1": np.array([-1], np.int64)})
+    res = check_model(m, tmp_path)
+    assert len(res.dispatches) == 1

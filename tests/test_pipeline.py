@@ -1,0 +1,161 @@
+"""The foundation's end-to-end promises: fused dispatches, buffer reuse,
+a documented module format, reproducible builds, the onnxruntime-style API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import webiree
+from webiree.hal_webgpu.hal import Ready, run_sync
+from webiree.hal_webgpu.interpreter import Interpreter
+from webiree.module import format as F
+from webiree.testing import models
+
+from .conftest import assert_close, check_model, ort_run
+
+
+def test_mlp_matches_onnxruntime(tmp_path):
+    res = check_model(models.mlp(), tmp_path)
+    kinds = [d.kind for d in res.dispatches]
+    # Gemm+bias+Relu, MatMul+bias+Tanh, Gemm(alpha, beta*C), Softmax
+    assert kinds == ["matmul", "matmul", "matmul", "softmax"], kinds
+
+
+def test_small_cnn_fuses_and_reuses_memory(tmp_path):
+    res = check_model(models.small_cnn(), tmp_path)
+    by_node = {n: d for d in res.dispatches for n in d.nodes}
+    # conv + bias + ReLU is one dispatch; so is depthwise conv + Clip, and 1x1 conv + sigmoid-gate
+    assert by_node["stem"] is by_node["stem_relu"]
+    assert by_node["dw"] is by_node["relu6"]
+    assert by_node["pw"] is by_node["gate"] is by_node["swish"]
+    assert by_node["conv3"] is by_node["residual"]
+    assert len(res.dispatches) < len(models.small_cnn().graph.node)
+    plan = res.plan
+    assert plan.arena_peak < plan.intermediates_sum, plan.summary()
+    assert plan.arena_peak <= 1.25 * plan.max_live
+
+
+def test_inspect_shows_fusion_and_memory(tmp_path):
+    from webiree.cli import inspect_text
+
+    webiree.compile(models.small_cnn(), tmp_path / "b")
+    text = inspect_text(tmp_path / "b")
+    assert "fuses ['stem', 'stem_relu']" in text
+    assert "memory plan: arena peak" in text and "sum of intermediates" in text
+    assert "dispatches: 9" in text
+
+
+def test_session_api_like_onnxruntime(tmp_path):
+    webiree.compile(models.mlp(batch=3), tmp_path / "b")
+    sess = webiree.InferenceSession(tmp_path / "b")
+    (i,) = sess.get_inputs()
+    assert (i.name, i.shape, i.type) == ("x", [3, 64], "tensor(float)")
+    assert [o.name for o in sess.get_outputs()] == ["probs", "logits"]
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    logits_only = sess.run(["logits"], {"x": x})
+    both = sess.run(None, {"x": x})
+    assert len(logits_only) == 1 and len(both) == 2
+    np.testing.assert_array_equal(logits_only[0], both[1])
+    for _ in range(3):  # repeated runs give the same answer
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], both[0])
+
+
+def test_build_is_reproducible(tmp_path):
+    for d in ("a", "b"):
+        webiree.compile(models.small_cnn(), tmp_path / d)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert files
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_output_folder_layout(tmp_path):
+    import json
+    webiree.compile(models.mlp(), tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["model"] == "mlp" and m["webiree_version"] == webiree.__version__
+    assert m["inputs"] == [{"name": "x", "shape": [4, 64], "type": "float"}]
+    assert (tmp_path / m["files"]["module"]).stat().st_size == m["sizes"]["module_bytes"]
+    assert (tmp_path / m["files"]["weights"]).stat().st_size == m["sizes"]["weights_bytes"]
+    assert all((tmp_path / "shaders" / s).exists() for s in m["files"]["shaders"])
+
+
+def test_module_round_trip(tmp_path):
+    res = webiree.compile(models.small_cnn(), tmp_path)
+    raw = (tmp_path / "model.wrm").read_bytes()
+    m = F.read_module(raw)
+    assert F.write_module(m) == raw
+    assert [e.code for e in m.executables] == [e.code for e in res.module.executables]
+
+
+@pytest.mark.parametrize("cut", [0, 3, 16, 40, -1])
+def test_module_reader_rejects_damage(tmp_path, cut):
+    webiree.compile(models.mlp(), tmp_path)
+    raw = (tmp_path / "model.wrm").read_bytes()
+    with pytest.raises(F.ModuleFormatError):
+        F.read_module(raw[:cut] if cut >= 0 else b"XXXX" + raw[4:])
+
+
+class RecordingDriver:
+    """A HAL driver that records calls, for testing the interpreter without a GPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def limits(self):
+        return {}
+
+    def create_buffer(self, size, kind, label=""):
+        return (kind, size, label)
+
+    def write_buffer(self, buffer, offset, data):
+        self.calls.append(("write", buffer[2], offset, bytes(data)))
+
+    def create_pipeline(self, name, fmt, code, entry, bindings):
+        return Ready(name)
+
+    def create_bind_group(self, pipeline, entries):
+        return [(slot, buf[2], off, size) for slot, buf, off, size in entries]
+
+    def submit(self, items, profile=False):
+        self.calls.append(("submit", [it[3] if it[0] == "dispatch" else ("copy",) + it[2:3] + it[4:] for it in items]))
+        return Ready(None)
+
+    def read_buffer(self, buffer, offset, size):
+        return Ready(bytes(size))
+
+
+def test_interpreter_shape_arithmetic_registers():
+    """DISPATCH_DYN takes workgroup counts computed by LOAD_DIM / ARITH."""
+    m = F.Module(
+        executables=[F.Executable("k", "wgsl", b"", "main", (64, 1, 1), [(0, True), (1, False)])],
+        buffers=[F.BufferInfo("input", 4000, 0, "x"), F.BufferInfo("arena", 4000, 0, "arena")],
+        inputs=[F.IOInfo("x", "f32", 1, (10, 100), 0, 0, 4000)],
+        outputs=[F.IOInfo("y", "f32", 1, (10, 100), 1, 0, 4000)],
+        commands=[(F.OP_UPLOAD_INPUT, 0), (F.OP_LOAD_DIM, 0, 0, 0), (F.OP_LOAD_DIM, 1, 0, 1),
+                  (F.OP_ARITH, 2, 2, 0, 1), (F.OP_SET_REG, 3, 64), (F.OP_ARITH, 4, 4, 2, 3),
+                  (F.OP_SET_REG, 5, 1),
+                  (F.OP_DISPATCH_DYN, 0, 4, 5, 5, [(0, 1, 0, 4000), (1, 0, 0, 4000)]), (F.OP_READBACK, 0)],
+        limits={}, info={}, registers=6)
+    m2 = F.read_module(F.write_module(m))
+    drv = RecordingDriver()
+    it = Interpreter(m2, drv, b"")
+    run_sync(it.prepare())
+    out, _ = run_sync(it.run_raw({"x": bytes(4000)}))
+    submit = [c for c in drv.calls if c[0] == "submit"][0][1]
+    assert submit[0] == (16, 1, 1)          # ceil(10 * 100 / 64)
+    assert out["y"] == bytes(4000)
+
+
+def test_weights_pages_respect_max_buffer_size(tmp_path):
+    """Constants are split into pages no larger than maxBufferSize."""
+    model = models.mlp(sizes=(256, 256, 10))
+    limits = {"max_buffer_size": 300_000, "max_storage_buffer_binding_size": 300_000}
+    res = webiree.compile(model, tmp_path, limits=limits)
+    pages = [b for b in res.module.buffers if b.kind == "weights"]
+    assert len(pages) >= 2 and all(p.size <= 300_000 for p in pages)
+    x = models.sample_inputs(model)
+    got = webiree.InferenceSession(tmp_path).run(None, x)
+    for g, r in zip(got, ort_run(model, x)):
+        assert_close(g, r)

@@ -1,0 +1,489 @@
+// webiree.js: the browser runtime of webiree. One dependency-free ES module.
+//
+// It reads a build folder (manifest.json, model.wrm, weights.bin), and runs the
+// schedule module on navigator.gpu with the same interpreter as
+// webiree/hal_webgpu/interpreter.py. The wire format is docs/schedule-module.md.
+// The API mirrors onnxruntime-web:
+//
+//   import * as webiree from './webiree.js';
+//   const session = await webiree.InferenceSession.create('./', {onProgress});
+//   const results = await session.run({x: new webiree.Tensor('float32', data, [1, 64])});
+//   results.probs.data  // Float32Array
+
+const TIMEOUT_MS = 30000;
+const DTYPES = ['f32', 'i32', 'u32', 'bool'];
+const KINDS = ['weights', 'input', 'arena'];
+const FORMATS = ['wgsl', 'spirv'];
+const OP = {UPLOAD_INPUT: 1, DISPATCH: 2, BARRIER: 3, COPY: 4, READBACK: 5, DISPATCH_DYN: 6,
+  SET_REG: 0x10, LOAD_DIM: 0x11, ARITH: 0x12};
+const ARITY = {1: 1, 3: 0, 4: 5, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4};
+const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => Math.floor(a / b),
+  (a, b) => Math.ceil(a / b), Math.min, Math.max];
+// ONNX element type -> [tensor type name, typed array class]
+const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: ['int8', Int8Array],
+  4: ['uint16', Uint16Array], 5: ['int16', Int16Array], 6: ['int32', Int32Array], 7: ['int64', BigInt64Array],
+  9: ['bool', Uint8Array], 11: ['float64', Float64Array], 12: ['uint32', Uint32Array]};
+const ARRAY_OF = Object.fromEntries(Object.values(ONNX_TYPES));
+// limits the module records; "max_*" must not exceed the adapter's, "min_*" must be multiples of it
+const CHECKED = ['max_compute_invocations_per_workgroup', 'max_compute_workgroup_size_x',
+  'max_compute_workgroup_size_y', 'max_compute_workgroup_size_z', 'max_compute_workgroup_storage_size',
+  'max_compute_workgroups_per_dimension', 'max_storage_buffers_per_shader_stage',
+  'max_storage_buffer_binding_size', 'max_buffer_size'];
+
+/** Every failure a caller can cause: kind is 'model', 'feed', 'device' or 'limits'. */
+export class WebireeError extends Error {
+  constructor(kind, message, hint) {
+    super(hint ? `${message} (${hint})` : message);
+    this.name = 'WebireeError';
+    this.kind = kind;
+    this.hint = hint;
+  }
+}
+const fail = (kind, message, hint) => { throw new WebireeError(kind, message, hint); };
+const show = (dims) => `[${dims.join(', ')}]`;
+const camel = (s) => s.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+
+/** Reject with a clear message if `promise` takes longer than `ms` (a GPU hang must fail fast). */
+function withTimeout(promise, ms, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new WebireeError('device', `${what} did not finish within ${ms} ms`,
+      'the GPU may be hung or overloaded; reload the page')), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+export class Tensor {
+  /** new Tensor('float32', Float32Array, dims) or new Tensor(typedArray, dims) */
+  constructor(type, data, dims) {
+    if (typeof type !== 'string') {
+      [data, dims] = [type, data];
+      type = Object.keys(ARRAY_OF).find((t) => data instanceof ARRAY_OF[t] && t !== 'bool');
+      if (!type) fail('feed', 'cannot infer the tensor type of this data; pass the type first');
+    }
+    const Cls = ARRAY_OF[type] ?? fail('feed', `unsupported tensor type '${type}'`);
+    if (Array.isArray(data)) data = type === 'int64' ? BigInt64Array.from(data, BigInt) : Cls.from(data);
+    if (!(data instanceof Cls)) fail('feed', `a '${type}' tensor needs a ${Cls.name}, got ${data?.constructor?.name}`);
+    this.type = type;
+    this.data = data;
+    this.dims = dims ? Array.from(dims, Number) : [data.length];
+    this.size = data.length;
+  }
+}
+
+// ---------------------------------------------------------------- module reader
+class Reader {
+  constructor(bytes, where) { this.v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength); this.p = 0; this.where = where; }
+  u32() {
+    if (this.p + 4 > this.v.byteLength) fail('model', `model.wrm is truncated (${this.where} section)`);
+    const x = this.v.getUint32(this.p, true);
+    this.p += 4;
+    return x;
+  }
+  u32s(n) { return Array.from({length: n}, () => this.u32()); }
+  blob() {
+    const n = this.u32();
+    if (this.p + n > this.v.byteLength) fail('model', `model.wrm is truncated (${this.where} section)`);
+    const b = new Uint8Array(this.v.buffer, this.v.byteOffset + this.p, n);
+    this.p += n + ((4 - (n % 4)) % 4);
+    return b;
+  }
+}
+
+/** Parse a schedule module (ArrayBuffer or Uint8Array) into plain objects. */
+export function readModule(data) {
+  const bytes = data instanceof Uint8Array ? data : new Uint8Array(data);
+  const text = new TextDecoder();
+  const hint = 'rebuild the model with this version of webiree';
+  if (bytes.length < 16 || text.decode(bytes.subarray(0, 4)) !== 'WIRM') {
+    fail('model', 'model.wrm is not a webiree schedule module (bad magic)', hint);
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const version = view.getUint16(4, true);
+  if (version !== 1) fail('model', `model.wrm is schedule module version ${version}; this runtime reads version 1`, hint);
+  const sections = {};
+  for (let p = 16; p < bytes.length;) {
+    if (p + 8 > bytes.length) fail('model', 'model.wrm is truncated (section header)', hint);
+    const tag = text.decode(bytes.subarray(p, p + 4));
+    const n = view.getUint32(p + 4, true);
+    if (p + 8 + n > bytes.length) fail('model', `model.wrm is truncated (section ${tag} runs past the end)`, hint);
+    sections[tag] = bytes.subarray(p + 8, p + 8 + n);  // unknown tags are kept and ignored
+    p += 8 + n;
+  }
+  for (const tag of ['STRS', 'EXEC', 'BUFS', 'IOS ', 'CMDS']) {
+    if (!sections[tag]) fail('model', `model.wrm has no ${tag.trim()} section`, hint);
+  }
+  let r = new Reader(sections.STRS, 'STRS');
+  const strings = Array.from({length: r.u32()}, () => text.decode(r.blob()));
+  const s = (i) => (i < strings.length ? strings[i] : fail('model', 'model.wrm: string index out of range'));
+  const pick = (table, i, what) => table[i] ?? fail('model', `model.wrm: unknown ${what} ${i}`);
+
+  const limits = {};
+  if (sections.LIMS) {
+    r = new Reader(sections.LIMS, 'LIMS');
+    for (let n = r.u32(); n > 0; n--) { const [k, v] = r.u32s(2); limits[s(k)] = v; }
+  }
+  r = new Reader(sections.EXEC, 'EXEC');
+  const executables = Array.from({length: r.u32()}, () => {
+    const [name, entry, fmt, wx, wy, wz, nb] = r.u32s(7);
+    const bindings = Array.from({length: nb}, () => { const [slot, writes] = r.u32s(2); return {slot, writes: !!writes}; });
+    return {name: s(name), entry: s(entry), format: pick(FORMATS, fmt, 'executable format'),
+      workgroupSize: [wx, wy, wz], bindings, code: r.blob()};
+  });
+  r = new Reader(sections.BUFS, 'BUFS');
+  const buffers = Array.from({length: r.u32()}, () => {
+    const [kind, size, blobOffset, name] = r.u32s(4);
+    return {kind: pick(KINDS, kind, 'buffer kind'), size, blobOffset, name: s(name)};
+  });
+  r = new Reader(sections['IOS '], 'IOS');
+  const [inputs, outputs] = [0, 1].map(() => Array.from({length: r.u32()}, () => {
+    const [name, dtype, onnxType, buffer, offset, size, rank] = r.u32s(7);
+    return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims: r.u32s(rank)};
+  }));
+  r = new Reader(sections.CMDS, 'CMDS');
+  const [count, registers] = r.u32s(2);
+  const commands = Array.from({length: count}, () => {
+    const op = r.u32();
+    if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
+      const [exec, gx, gy, gz, nb] = r.u32s(5);
+      return [op, exec, gx, gy, gz, Array.from({length: nb}, () => r.u32s(4))];
+    }
+    if (!(op in ARITY)) fail('model', `model.wrm: unknown opcode 0x${op.toString(16)}`, hint);
+    return [op, ...r.u32s(ARITY[op])];
+  });
+  let info = {};
+  if (sections.INFO) {
+    try { info = JSON.parse(text.decode(new Reader(sections.INFO, 'INFO').blob()) || '{}'); } catch { info = {}; }
+  }
+  for (const b of buffers) if (b.size % 4) fail('model', `model.wrm: buffer ${b.name} size ${b.size} is not a multiple of 4`);
+  return {executables, buffers, inputs, outputs, commands, registers, limits, info};
+}
+
+// ---------------------------------------------------------------- loading
+async function fetchBytes(url, onChunk) {
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (e) {
+    fail('model', `cannot fetch ${url}: ${e.message}`, 'serve the build folder over http(s), e.g. `webiree serve DIR`');
+  }
+  if (!response.ok) fail('model', `cannot fetch ${url}: HTTP ${response.status}`, 'is this a webiree build folder?');
+  if (!response.body) { const b = new Uint8Array(await response.arrayBuffer()); onChunk(b.length); return b; }
+  const reader = response.body.getReader();
+  const chunks = [];
+  let length = 0;
+  for (;;) {
+    const {done, value} = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    length += value.length;
+    onChunk(value.length);
+  }
+  const out = new Uint8Array(length);
+  let p = 0;
+  for (const c of chunks) { out.set(c, p); p += c.length; }
+  return out;
+}
+
+function checkLimits(needed, adapter) {
+  const required = {};
+  for (const key of CHECKED) {
+    const have = adapter.limits[camel(key)];
+    if (!(key in needed) || have === undefined) continue;
+    if (needed[key] > have) {
+      fail('limits', `the model needs ${camel(key)} (${key}) = ${needed[key]}, this adapter offers ${have}`,
+        "rebuild the model for this device's limits (webiree build --limits ...)");
+    }
+    required[camel(key)] = needed[key];
+  }
+  const key = 'min_storage_buffer_offset_alignment';
+  const have = adapter.limits[camel(key)];
+  if (key in needed && have && needed[key] % have) {
+    fail('limits', `the model aligns buffers to ${needed[key]} bytes (${camel(key)}); this adapter needs ${have}`,
+      "rebuild the model for this device's limits");
+  }
+  return required;
+}
+
+// ---------------------------------------------------------------- session
+export class InferenceSession {
+  /**
+   * Load a build folder (URL relative to the page) and prepare it on a new WebGPU device.
+   * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference}
+   */
+  static async create(url, options = {}) {
+    const timeout = options.timeoutMs ?? TIMEOUT_MS;
+    const gpu = globalThis.navigator?.gpu;
+    if (!gpu) {
+      fail('device', 'WebGPU is not available in this browser (navigator.gpu is missing)',
+        'use a recent Chrome/Edge (or Firefox/Safari with WebGPU enabled) over https or localhost');
+    }
+    const base = new URL(url.endsWith('/') ? url : `${url}/`, globalThis.location?.href);
+    const progress = {loaded: 0, total: 0, file: 'manifest.json'};
+    const report = (file, n) => {
+      progress.loaded += n;
+      progress.file = file;
+      options.onProgress?.({...progress, total: Math.max(progress.total, progress.loaded)});
+    };
+    const manifestUrl = new URL('manifest.json', base);
+    const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl, (n) => report('manifest.json', n))));
+    const files = manifest.files ?? {};
+    const [moduleFile, weightsFile] = [files.module ?? 'model.wrm', files.weights ?? 'weights.bin'];
+    progress.total = progress.loaded + (manifest.sizes?.module_bytes ?? 0) + (manifest.sizes?.weights_bytes ?? 0);
+    const adapterPromise = withTimeout(gpu.requestAdapter({powerPreference: options.powerPreference ?? 'high-performance'}),
+      timeout, 'navigator.gpu.requestAdapter()');
+    const [moduleBytes, weights, adapter] = await Promise.all([
+      fetchBytes(new URL(moduleFile, base), (n) => report(moduleFile, n)),
+      fetchBytes(new URL(weightsFile, base), (n) => report(weightsFile, n)),
+      adapterPromise]);
+    const module = readModule(moduleBytes);
+    if (!adapter) fail('device', 'WebGPU is present but no GPU adapter is available', 'enable hardware acceleration, or try another browser');
+    const requiredLimits = checkLimits(module.limits, adapter);
+    const requiredFeatures = adapter.features.has('timestamp-query') ? ['timestamp-query'] : [];
+    let device;
+    try {
+      device = await withTimeout(adapter.requestDevice({requiredLimits, requiredFeatures}), timeout, 'adapter.requestDevice()');
+    } catch (e) {
+      if (e instanceof WebireeError) throw e;
+      fail('device', `the WebGPU adapter refused a device: ${e.message}`);
+    }
+    const session = new InferenceSession(module, device, manifest, timeout);
+    await session._prepare(weights);
+    return session;
+  }
+
+  constructor(module, device, manifest, timeoutMs) {
+    this.module = module;
+    this.device = device;
+    this.manifest = manifest;
+    this.timeoutMs = timeoutMs;
+    this.inputNames = module.inputs.map((io) => io.name);
+    this.outputNames = module.outputs.map((io) => io.name);
+    const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`, shape: [...io.dims]});
+    this.inputMetadata = module.inputs.map(meta);
+    this.outputMetadata = module.outputs.map(meta);
+    this.hasTimestamps = device.features.has('timestamp-query');
+    this.profile = null;
+    this._queue = Promise.resolve();
+    this._lostError = null;
+    this._gpuErrors = [];
+    device.lost.then((info) => {
+      this._lostError = new WebireeError('device', this._released ? 'the session was released'
+        : `the WebGPU device was lost (${info.reason}): ${info.message}`, 'create a new session');
+    });
+    device.addEventListener?.('uncapturederror', (e) => this._gpuErrors.push(e.error?.message ?? String(e.error)));
+    this._lost = device.lost.then(() => { throw this._lostError; });
+    this._lost.catch(() => {});
+  }
+
+  /** Await a GPU promise, failing fast on a hang or a lost device. */
+  _gpu(promise, what) {
+    return withTimeout(Promise.race([promise, this._lost]), this.timeoutMs, what);
+  }
+
+  async _prepare(weights) {
+    const {module: m, device: d} = this;
+    const U = GPUBufferUsage;
+    d.pushErrorScope('out-of-memory');
+    d.pushErrorScope('validation');
+    this.buffers = m.buffers.map((b, i) => {
+      const buf = d.createBuffer({label: b.name || `${b.kind}${i}`, size: Math.max(b.size, 4), usage: U.STORAGE | U.COPY_SRC | U.COPY_DST});
+      if (b.kind === 'weights') {
+        if (b.blobOffset + b.size > weights.length) {
+          fail('model', `weights.bin is ${weights.length} bytes, too short for page ${b.name}`, 'the weights file is incomplete; rebuild or re-download it');
+        }
+        d.queue.writeBuffer(buf, 0, weights, b.blobOffset, b.size);
+      }
+      return buf;
+    });
+    const pipelines = await Promise.all(m.executables.map(async (e) => {
+      if (e.format !== 'wgsl') fail('model', `executable ${e.name} is SPIR-V; browsers take WGSL only`, 'rebuild the model for WebGPU');
+      const code = new TextDecoder().decode(e.code);
+      const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot}) => (
+        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'storage'}}))});
+      try {
+        const pipeline = await this._gpu(d.createComputePipelineAsync({label: e.name,
+          layout: d.createPipelineLayout({bindGroupLayouts: [layout]}),
+          compute: {module: d.createShaderModule({label: e.name, code}), entryPoint: e.entry}}),
+        `creating the pipeline of dispatch ${e.name}`);
+        return {pipeline, layout};
+      } catch (err) {
+        if (err instanceof WebireeError) throw err;
+        fail('device', `cannot create the pipeline of dispatch ${e.name}: ${err.message}`, 'rebuild the model with this version of webiree');
+      }
+    }));
+    const names = (m.info.dispatches ?? []).map((x) => x.name);
+    const regs = new Array(Math.max(m.registers, 1)).fill(0);
+    this.uploads = [];
+    this.items = [];
+    this.readbacks = [];
+    let readbackSize = 0;
+    for (const cmd of m.commands) {
+      const op = cmd[0];
+      if (op === OP.UPLOAD_INPUT) {
+        this.uploads.push(cmd[1]);
+      } else if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
+        let [, ex, gx, gy, gz, binds] = cmd;
+        if (op === OP.DISPATCH_DYN) [gx, gy, gz] = [regs[gx], regs[gy], regs[gz]];
+        const p = pipelines[ex] ?? fail('model', `model.wrm: dispatch of unknown executable ${ex}`);
+        const bindGroup = d.createBindGroup({layout: p.layout, entries: binds.map(([slot, buf, offset, size]) => (
+          {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
+        const name = names[this.items.filter((it) => it.bindGroup).length] ?? m.executables[ex].name;
+        this.items.push({pipeline: p.pipeline, bindGroup, grid: [gx, gy, gz], name});
+      } else if (op === OP.COPY) {
+        const [, src, srcOffset, dst, dstOffset, size] = cmd;
+        this.items.push({src: this.buffers[src], srcOffset, dst: this.buffers[dst], dstOffset, size});
+      } else if (op === OP.READBACK) {
+        const io = m.outputs[cmd[1]];
+        this.readbacks.push({io, at: readbackSize});
+        readbackSize += Math.ceil(io.size / 4) * 4;
+      } else if (op === OP.SET_REG) {
+        regs[cmd[1]] = cmd[2];
+      } else if (op === OP.LOAD_DIM) {
+        regs[cmd[1]] = m.inputs[cmd[2]].dims[cmd[3]];
+      } else if (op === OP.ARITH) {
+        const [, a, dst, x, y] = cmd;
+        regs[dst] = (ARITH[a] ?? fail('model', `model.wrm: unknown arithmetic op ${a}`))(regs[x], regs[y]);
+      } // BARRIER: dispatches of one compute pass are already ordered
+    }
+    this.readback = d.createBuffer({label: 'readback', size: Math.max(readbackSize, 4), usage: U.MAP_READ | U.COPY_DST});
+    for (const {io, at} of this.readbacks) {
+      this.items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size: Math.ceil(io.size / 4) * 4});
+    }
+    this.dispatchCount = this.items.filter((it) => it.bindGroup).length;
+    const errors = [await this._gpu(d.popErrorScope(), 'popErrorScope()'), await this._gpu(d.popErrorScope(), 'popErrorScope()')];
+    const error = errors.find(Boolean);
+    if (error) fail('device', `WebGPU rejected the model while preparing it: ${error.message}`);
+  }
+
+  /** Check one feed and convert it to the kernels' 32-bit storage. */
+  _encode(io, tensor) {
+    const want = ONNX_TYPES[io.onnxType]?.[0];
+    if (!tensor || typeof tensor !== 'object' || !('data' in tensor)) fail('feed', `input '${io.name}' must be a webiree.Tensor`);
+    if (tensor.type !== want) fail('feed', `input '${io.name}' must be ${want}, got ${tensor.type}`, `convert it to ${want}`);
+    const dims = Array.from(tensor.dims ?? [], Number);
+    if (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i])) {
+      fail('feed', `input '${io.name}' has shape ${show(dims)}; the model was compiled for ${show(io.dims)}`,
+        'feed exactly that shape, or rebuild with --input-shape');
+    }
+    const data = tensor.data;
+    const n = io.dims.reduce((a, b) => a * b, 1);
+    if (!(data instanceof ONNX_TYPES[io.onnxType][1]) || data.length !== n) {
+      fail('feed', `input '${io.name}' has ${data?.length} ${data?.constructor?.name} elements; shape ${show(io.dims)} needs ${n} (${ONNX_TYPES[io.onnxType][1].name})`);
+    }
+    if (io.dtype === 'f32') return data;
+    if (io.dtype === 'bool') return Uint32Array.from(data, (v) => (v ? 1 : 0));
+    if (data instanceof BigInt64Array) {  // narrow to i32: the high word must be the sign of the low word
+      const words = new Int32Array(data.buffer, data.byteOffset, 2 * n);
+      const out = new Int32Array(n);
+      for (let i = 0; i < n; i++) {
+        const lo = words[2 * i];
+        if (words[2 * i + 1] !== lo >> 31) {
+          fail('feed', `input '${io.name}' holds ${data[i]}, outside the int32 range WebGPU can compute with`,
+            'int64 inputs are narrowed to int32; keep values within +-2^31');
+        }
+        out[i] = lo;
+      }
+      return out;
+    }
+    return io.dtype === 'i32' ? Int32Array.from(data) : Uint32Array.from(data);
+  }
+
+  _decode(io, bytes) {
+    const [type, Cls] = ONNX_TYPES[io.onnxType] ?? ['float32', Float32Array];
+    const n = io.size / 4;
+    const raw = io.dtype === 'f32' ? new Float32Array(bytes.buffer, bytes.byteOffset, n)
+      : io.dtype === 'i32' ? new Int32Array(bytes.buffer, bytes.byteOffset, n) : new Uint32Array(bytes.buffer, bytes.byteOffset, n);
+    let data;
+    if (Cls === BigInt64Array) data = BigInt64Array.from(raw, BigInt);
+    else if (type === 'bool') data = Uint8Array.from(raw, (v) => (v ? 1 : 0));
+    else data = Cls.from(raw);
+    return new Tensor(type, data, io.dims);
+  }
+
+  /** Run the model. feeds: {inputName: Tensor}; options: {profile: true} adds results.profile. */
+  run(feeds, options = {}) {
+    const result = this._queue.then(() => this._run(feeds, options));
+    this._queue = result.catch(() => {});
+    return result;
+  }
+
+  async _run(feeds, options) {
+    if (this._released) fail('device', 'the session was released', 'create a new session');
+    if (this._lostError) throw this._lostError;
+    const {module: m, device: d} = this;
+    if (!feeds || typeof feeds !== 'object') fail('feed', 'feeds must be an object {input name: Tensor}');
+    const unknown = Object.keys(feeds).filter((k) => !this.inputNames.includes(k));
+    if (unknown.length) fail('feed', `unknown input name(s) ${JSON.stringify(unknown)}`, `the model's inputs are ${JSON.stringify(this.inputNames)}`);
+    const missing = this.inputNames.filter((k) => !(k in feeds));
+    if (missing.length) fail('feed', `missing input(s) ${JSON.stringify(missing)}`, `the model's inputs are ${JSON.stringify(this.inputNames)}`);
+    const encoded = m.inputs.map((io) => this._encode(io, feeds[io.name]));
+
+    d.pushErrorScope('validation');
+    for (const i of this.uploads) {
+      const io = m.inputs[i];
+      d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
+    }
+    const profile = options.profile && this.hasTimestamps && this.dispatchCount > 0;
+    if (profile && !this._query) {
+      const n = 2 * this.dispatchCount;
+      this._query = d.createQuerySet({type: 'timestamp', count: n});
+      this._resolve = d.createBuffer({size: 8 * n, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC});
+      this._times = d.createBuffer({size: 8 * n, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+    }
+    const enc = d.createCommandEncoder();
+    let pass = null;
+    let k = 0;
+    for (const it of this.items) {
+      if (it.bindGroup) {
+        if (profile) {
+          pass?.end();
+          pass = enc.beginComputePass({timestampWrites: {querySet: this._query, beginningOfPassWriteIndex: 2 * k, endOfPassWriteIndex: 2 * k + 1}});
+        } else if (!pass) {
+          pass = enc.beginComputePass();
+        }
+        pass.setPipeline(it.pipeline);
+        pass.setBindGroup(0, it.bindGroup);
+        pass.dispatchWorkgroups(...it.grid);
+        k++;
+      } else {
+        pass?.end();
+        pass = null;
+        enc.copyBufferToBuffer(it.src, it.srcOffset, it.dst, it.dstOffset, it.size);
+      }
+    }
+    pass?.end();
+    if (profile) {
+      enc.resolveQuerySet(this._query, 0, 2 * this.dispatchCount, this._resolve, 0);
+      enc.copyBufferToBuffer(this._resolve, 0, this._times, 0, 16 * this.dispatchCount);
+    }
+    d.queue.submit([enc.finish()]);
+    const [error] = await Promise.all([
+      this._gpu(d.popErrorScope(), 'popErrorScope()'),
+      this._gpu(this.readback.mapAsync(GPUMapMode.READ), 'reading the results (mapAsync)'),
+      profile ? this._gpu(this._times.mapAsync(GPUMapMode.READ), 'reading the timestamps (mapAsync)') : null]);
+    const raw = new Uint8Array(this.readback.getMappedRange().slice(0));
+    this.readback.unmap();
+    if (error) fail('device', `WebGPU rejected a command: ${error.message}`);
+    const results = {};
+    for (const {io, at} of this.readbacks) results[io.name] = this._decode(io, raw.subarray(at, at + io.size));
+    if (profile) {
+      const ts = new BigInt64Array(this._times.getMappedRange().slice(0));
+      this._times.unmap();
+      const dispatches = this.items.filter((it) => it.bindGroup);
+      this.profile = dispatches.map((it, i) => ({name: it.name, ms: Number(ts[2 * i + 1] - ts[2 * i]) / 1e6}));
+      Object.defineProperty(results, 'profile', {value: this.profile, enumerable: false, configurable: true});
+    }
+    return results;
+  }
+
+  /** Destroy every GPU buffer and the device. The session cannot run afterwards. */
+  async release() {
+    if (this._released) return;
+    await this._queue;
+    this._released = true;
+    for (const b of [...(this.buffers ?? []), this.readback, this._resolve, this._times]) b?.destroy();
+    this._query?.destroy();
+    this.device.destroy();
+  }
+}

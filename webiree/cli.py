@@ -1,0 +1,231 @@
+"""The `webiree` command: build, run, inspect, serve, demo.
+
+Every user error ends in one line `webiree: error: ...` (plus a hint line)
+and a non-zero exit; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import FeedError, ShapeError, WebireeError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL = 3
+
+
+def _parse_shapes(items) -> dict:
+    shapes = {}
+    for item in items or []:
+        name, sep, dims = item.rpartition("=")
+        if not sep or not name:
+            raise ShapeError(f"--input-shape {item!r} is not NAME=D0,D1,...", hint="e.g. --input-shape input_ids=1,128")
+        try:
+            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            raise ShapeError(f"--input-shape {item!r}: dims must be integers", hint="e.g. --input-shape x=1,3,224,224") from None
+        if any(d <= 0 for d in shapes[name]):
+            raise ShapeError(f"--input-shape {item!r}: dims must be positive")
+    return shapes
+
+
+def cmd_build(args) -> int:
+    from .bundler.site import compile as build
+
+    t0 = time.perf_counter()
+    dump = tuple(args.dump_after or ())
+    res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
+                validate=not args.no_validate, dump_after=dump)
+    for stage in dump:
+        print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
+    m = res.manifest
+    print(f"webiree: built {m['model']} -> {args.out} in {time.perf_counter() - t0:.2f} s: "
+          f"{m['dispatches']} dispatches, {m['executables']} executables, "
+          f"module {m['sizes']['module_bytes']} B, weights {m['sizes']['weights_bytes']} B, "
+          f"arena {m['sizes']['arena_bytes']} B")
+    return 0
+
+
+def _load_input(spec: str):
+    import numpy as np
+
+    name, sep, path = spec.partition("=")
+    if not sep:
+        raise FeedError(f"--input {spec!r} is not NAME=FILE.npy")
+    p = Path(path)
+    if not p.exists():
+        raise FeedError(f"--input {name}: no such file {path}")
+    try:
+        return name, np.load(p, allow_pickle=False)
+    except Exception as e:
+        raise FeedError(f"--input {name}: {path} is not a .npy file ({type(e).__name__})") from None
+
+
+def _summary(a) -> str:
+    import numpy as np
+
+    if a.size == 0:
+        return "empty"
+    if a.dtype == np.bool_:
+        return f"{int(a.sum())} true of {a.size}"
+    f = a.astype(np.float64)
+    text = f"min {f.min():.6g} max {f.max():.6g} mean {f.mean():.6g}"
+    if a.ndim >= 1 and a.shape[-1] > 1 and a.size == a.shape[-1]:
+        text += f" argmax {int(f.argmax())}"
+    return text
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from .session import InferenceSession
+
+    sess = InferenceSession(args.dir)
+    feeds = dict(_load_input(s) for s in args.input or [])
+    if not feeds and args.random:
+        rng = np.random.default_rng(0)
+        from .session import NUMPY_OF_ONNX
+        for io in sess.module.inputs:
+            dt = NUMPY_OF_ONNX[io.onnx_type]
+            feeds[io.name] = (rng.standard_normal(io.shape).astype(dt) if np.dtype(dt).kind == "f"
+                              else rng.integers(0, 2, io.shape).astype(dt))
+    t0 = time.perf_counter()
+    outs = sess.run(None, feeds)
+    ms = (time.perf_counter() - t0) * 1e3
+    for io, a in zip(sess.module.outputs, outs):
+        print(f"{io.name}: shape {list(a.shape)} {a.dtype} {_summary(a)}")
+        if args.output_dir:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            np.save(Path(args.output_dir) / f"{io.name.replace('/', '_')}.npy", a)
+    print(f"latency {ms:.2f} ms")
+    return 0
+
+
+def inspect_text(path) -> str:
+    from .bundler.site import MANIFEST_FILE, MODULE_FILE
+    from .errors import ModelError
+    from .module import ModuleFormatError, read_module
+
+    d = Path(path)
+    if not (d / MODULE_FILE).exists():
+        raise ModelError(f"no webiree build at {d}", hint="give the folder written by `webiree build`")
+    raw = (d / MODULE_FILE).read_bytes()
+    try:
+        m = read_module(raw)
+    except ModuleFormatError as e:
+        raise ModelError(f"{d / MODULE_FILE} is corrupt: {e}") from None
+    manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
+    info = m.info
+    lines = [f"model {info.get('model', '?')} (webiree {manifest.get('webiree_version', '?')})",
+             f"schedule module: {len(raw)} bytes, {len(m.executables)} executables, {len(m.commands)} commands"]
+    for io in m.inputs:
+        lines.append(f"input  {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
+    for io in m.outputs:
+        lines.append(f"output {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
+    lines.append("buffers:")
+    for i, b in enumerate(m.buffers):
+        lines.append(f"  #{i} {b.kind:<8} {b.size:>12} B  {b.name}")
+    mem = info.get("memory", {})
+    lines.append(f"memory plan: arena peak {mem.get('arena_peak', 0)} B vs. {mem.get('intermediates_sum', 0)} B "
+                 f"sum of intermediates (largest live set {mem.get('max_live', 0)} B); weights {mem.get('weights', 0)} B")
+    ds = info.get("dispatches", [])
+    lines.append(f"dispatches: {len(ds)}")
+    for i, dd in enumerate(ds):
+        cfg = dd.get("config", {})
+        lines.append(f"  {i:>4} {dd['kind']:<9} {dd['name']:<32} grid {tuple(dd['grid'])} wg {tuple(cfg.get('workgroup_size', ()))} "
+                     f"{cfg.get('strategy', '')} exec {dd['exec']}  fuses {dd['nodes']}")
+    views = info.get("views", [])
+    lines.append(f"views (no dispatch): {len(views)}")
+    return "\n".join(lines)
+
+
+def cmd_inspect(args) -> int:
+    print(inspect_text(args.dir))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .bundler.server import serve
+
+    try:
+        serve(args.dir, host=args.host, port=args.port, isolate=args.isolate)
+    except ValueError as e:
+        raise WebireeError(str(e), hint="give the folder written by `webiree build`") from None
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo_model import run_demo
+
+    return run_demo(args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="webiree", description="Compile ONNX models to WebGPU and run them.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="compile MODEL.onnx into a site folder")
+    b.add_argument("model")
+    b.add_argument("--out", required=True, help="output folder")
+    b.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
+    b.add_argument("--limits", default="default", choices=["default", "adapter"],
+                   help="size kernels for WebGPU's default limits (runs anywhere) or this machine's adapter")
+    b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
+    b.add_argument("--dump-after", action="append", choices=["import", "lower", "fuse", "memory", "kernels"],
+                   help="print a stage's product")
+    b.set_defaults(fn=cmd_build)
+
+    r = sub.add_parser("run", help="run a built model natively (wgpu-py)")
+    r.add_argument("dir")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    r.add_argument("--random", action="store_true", help="feed seeded random inputs when none are given")
+    r.add_argument("--output-dir", help="write OUT/<output name>.npy")
+    r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("inspect", help="print the compiled program")
+    i.add_argument("dir")
+    i.set_defaults(fn=cmd_inspect)
+
+    s = sub.add_parser("serve", help="serve a built site on loopback")
+    s.add_argument("dir")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--isolate", action="store_true", help="send COOP/COEP headers")
+    s.set_defaults(fn=cmd_serve)
+
+    d = sub.add_parser("demo", help="build the demo model, run it natively, compare with onnxruntime")
+    d.add_argument("--out", default="site", help="where to write the site")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except WebireeError as e:
+        if args.debug:
+            raise
+        print(f"webiree: error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"  hint: {e.hint}", file=sys.stderr)
+        return EXIT_INTERNAL if e.kind == "internal" else EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: still one line unless --debug
+        if args.debug:
+            raise
+        print(f"webiree: internal error: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+        print("  hint: rerun with --debug and report the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests, the demo and the benchmarks (generated models)."""

@@ -1,0 +1,112 @@
+"""Small models made in code with onnx.helper and seeded weights.
+
+Used by the demo (`webiree demo`), the tests and the benchmarks; nothing is
+downloaded and no model file is committed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR_VERSION = 10   # what onnxruntime 1.31 reads
+
+
+def make_model(nodes, inputs, outputs, inits, name="model", opset=17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, name, inputs, outputs,
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION,
+                          producer_name="webiree.testing")
+    if any(not o.type.tensor_type.HasField("shape") for o in m.graph.output):
+        # outputs declared without a shape get the one ONNX shape inference finds
+        inferred = onnx.shape_inference.infer_shapes(m)
+        known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        for o in m.graph.output:
+            if not o.type.tensor_type.HasField("shape") and o.name in known:
+                o.type.CopyFrom(known[o.name].type)
+    onnx.checker.check_model(m)
+    return m
+
+
+def _w(rng, *shape, scale=None):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+    return (rng.standard_normal(shape) * (scale or 1.0 / np.sqrt(fan_in))).astype(np.float32)
+
+
+def mlp(seed: int = 0, batch: int = 4, sizes=(64, 128, 10)) -> onnx.ModelProto:
+    """Gemm + Relu, MatMul + Add + Sigmoid... + Softmax."""
+    rng = np.random.default_rng(seed)
+    d_in, d_h, d_out = sizes
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], name="fc1", transB=1),
+        helper.make_node("Relu", ["h1"], ["a1"], name="relu1"),
+        helper.make_node("MatMul", ["a1", "w2"], ["h2"], name="fc2"),
+        helper.make_node("Add", ["h2", "b2"], ["h2b"], name="fc2_bias"),
+        helper.make_node("Tanh", ["h2b"], ["a2"], name="tanh2"),
+        helper.make_node("Gemm", ["a2", "w3", "b3"], ["logits"], name="fc3", alpha=0.5, beta=2.0),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+    ]
+    inits = {"w1": _w(rng, d_h, d_in), "b1": _w(rng, d_h, scale=0.1), "w2": _w(rng, d_h, d_h),
+             "b2": _w(rng, d_h, scale=0.1), "w3": _w(rng, d_h, d_out), "b3": _w(rng, d_out, scale=0.1)}
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, d_in])],
+                      [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, d_out]),
+                       helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, d_out])],
+                      inits, name="mlp")
+
+
+def small_cnn(seed: int = 0, size: int = 32, classes: int = 10) -> onnx.ModelProto:
+    """conv+bias+relu, depthwise stride-2 conv + Clip (ReLU6), 1x1 conv + Sigmoid, residual Add,
+    MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Softmax."""
+    rng = np.random.default_rng(seed)
+    c1, c2 = 16, 32
+    nodes = [
+        helper.make_node("Conv", ["image", "w_stem", "b_stem"], ["s1"], name="stem", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["s1"], ["s1r"], name="stem_relu"),
+        helper.make_node("Conv", ["s1r", "w_dw", "b_dw"], ["d1"], name="dw", group=c1, strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["d1", "zero", "six"], ["d1c"], name="relu6"),
+        helper.make_node("Conv", ["d1c", "w_pw", "b_pw"], ["p1"], name="pw"),
+        helper.make_node("Sigmoid", ["p1"], ["p1s"], name="gate"),
+        helper.make_node("Mul", ["p1", "p1s"], ["p1g"], name="swish"),
+        helper.make_node("Conv", ["p1g", "w_c3", "b_c3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c3", "p1g"], ["res"], name="residual"),
+        helper.make_node("MaxPool", ["res"], ["mp"], name="maxpool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("AveragePool", ["mp"], ["ap"], name="avgpool", kernel_shape=[3, 3], strides=[1, 1],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["ap"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "w_fc", "b_fc"], ["logits"], name="fc", transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax"),
+    ]
+    inits = {
+        "w_stem": _w(rng, c1, 3, 3, 3), "b_stem": _w(rng, c1, scale=0.1),
+        "w_dw": _w(rng, c1, 1, 3, 3), "b_dw": _w(rng, c1, scale=0.1),
+        "zero": np.array(0.0, np.float32), "six": np.array(6.0, np.float32),
+        "w_pw": _w(rng, c2, c1, 1, 1), "b_pw": _w(rng, c2, scale=0.1),
+        "w_c3": _w(rng, c2, c2, 3, 3), "b_c3": _w(rng, c2, scale=0.1),
+        "w_fc": _w(rng, classes, c2), "b_fc": _w(rng, classes, scale=0.1),
+    }
+    return make_model(nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+                      [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, classes])], inits,
+                      name="small_cnn")
+
+
+def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:
+    """Seeded inputs for every graph input (floats ~ N(0,1), ints in [0, 10), bools random)."""
+    rng = np.random.default_rng(seed)
+    init = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value for d in tt.shape.dim]
+        dt = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if dt.kind == "f":
+            feeds[vi.name] = rng.standard_normal(shape).astype(dt)
+        elif dt == np.bool_:
+            feeds[vi.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[vi.name] = rng.integers(0, 10, shape).astype(dt)
+    return feeds
