@@ -248,7 +248,13 @@ export class InferenceSession {
       fail('device', `the WebGPU adapter refused a device: ${e.message}`);
     }
     const session = new InferenceSession(module, device, manifest, timeout);
-    await session._prepare(weights);
+    try {
+      await session._prepare(weights);
+    } catch (e) {
+      session._released = true;
+      device.destroy();
+      throw e;
+    }
     return session;
   }
 
@@ -301,15 +307,18 @@ export class InferenceSession {
       const code = new TextDecoder().decode(e.code);
       const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot}) => (
         {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'storage'}}))});
+      const shader = d.createShaderModule({label: e.name, code});
       try {
         const pipeline = await this._gpu(d.createComputePipelineAsync({label: e.name,
-          layout: d.createPipelineLayout({bindGroupLayouts: [layout]}),
-          compute: {module: d.createShaderModule({label: e.name, code}), entryPoint: e.entry}}),
+          layout: d.createPipelineLayout({bindGroupLayouts: [layout]}), compute: {module: shader, entryPoint: e.entry}}),
         `creating the pipeline of dispatch ${e.name}`);
         return {pipeline, layout};
       } catch (err) {
         if (err instanceof WebireeError) throw err;
-        fail('device', `cannot create the pipeline of dispatch ${e.name}: ${err.message}`, 'rebuild the model with this version of webiree');
+        const info = await shader.getCompilationInfo?.().catch(() => null);
+        const notes = (info?.messages ?? []).filter((x) => x.type === 'error').map((x) => `${x.lineNum}:${x.linePos}: ${x.message}`);
+        fail('device', `cannot create the pipeline of dispatch ${e.name}: ${notes.length ? notes.join('; ') : err.message}`,
+          'this is a webiree bug: the browser rejected WGSL it emitted; please report it with the model');
       }
     }));
     const names = (m.info.dispatches ?? []).map((x) => x.name);

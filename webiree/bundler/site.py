@@ -61,6 +61,8 @@ def write_build(result, out_dir, options: dict) -> dict:
         "limits": m.limits,
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    from .web import write_site  # the browser runtime, demo page and a seeded sample input
+    write_site(out, result)
     return manifest
 
 

@@ -30,4 +30,4 @@ def never_fold(op: str) -> bool:
     return False
 
 
-from . import elementwise, shape, contraction, conv, reduce  # noqa: E402,F401  (registers handlers)
+from . import elementwise, shape, contraction, conv, reduce, resize  # noqa: E402,F401  (registers handlers)

@@ -316,3 +316,40 @@ def split(ctx, node):
             ctx.generic(o, shape, ctx.dtype(x),
                         lambda cs, st=start: ctx.read(x, cs[:axis] + [cs[axis] + st] + cs[axis + 1:]))
         start += n
+
+
+@register("GatherElements")
+def gather_elements(ctx, node):
+    data, idx = node.inputs[0], node.inputs[1]
+    ds, js = ctx.shape(data), ctx.shape(idx)
+    axis = norm_axis(node.attr("axis", 0), len(ds))
+    if len(ds) != len(js):
+        raise ShapeError(f"GatherElements data {ds} and indices {js} ranks differ")
+    n = ds[axis]
+
+    def rule(cs):
+        i = ctx.read(idx, cs)
+        i = kir.clamp(select(i < 0, i + n, i), 0, max(n - 1, 0))
+        return ctx.read(data, cs[:axis] + [i] + cs[axis + 1:])
+    ctx.generic(node.outputs[0], js, ctx.dtype(data), rule)
+
+
+@register("GatherND")
+def gather_nd(ctx, node):
+    data, idx = node.inputs[0], node.inputs[1]
+    ds, js = ctx.shape(data), ctx.shape(idx)
+    b = node.attr("batch_dims", 0)
+    k = js[-1]
+    if k > len(ds) - b:
+        raise ShapeError(f"GatherND index depth {k} exceeds data rank {len(ds)} - batch_dims {b}")
+    out_shape = list(js[:-1]) + list(ds[b + k:])
+
+    def rule(cs):
+        lead = cs[:len(js) - 1]
+        coords = list(lead[:b])
+        for j in range(k):
+            n = ds[b + j]
+            i = ctx.read(idx, lead + [kir.i32(j)])
+            coords.append(kir.clamp(select(i < 0, i + n, i), 0, max(n - 1, 0)))
+        return ctx.read(data, coords + cs[len(js) - 1:])
+    ctx.generic(node.outputs[0], out_shape, ctx.dtype(data), rule)

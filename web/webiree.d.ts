@@ -1,0 +1,97 @@
+// Type declarations of webiree.js, the webiree browser runtime.
+
+export type TensorType = 'float32' | 'int64' | 'int32' | 'bool' | 'uint8' | 'int8' | 'uint16' | 'int16' |
+  'uint32' | 'float64';
+
+export interface TensorDataMap {
+  float32: Float32Array; int64: BigInt64Array; int32: Int32Array; bool: Uint8Array; uint8: Uint8Array;
+  int8: Int8Array; uint16: Uint16Array; int16: Int16Array; uint32: Uint32Array; float64: Float64Array;
+}
+
+export class Tensor<T extends TensorType = TensorType> {
+  constructor(type: T, data: TensorDataMap[T] | number[] | bigint[], dims?: readonly number[]);
+  constructor(data: TensorDataMap[T], dims?: readonly number[]);
+  readonly type: T;
+  readonly data: TensorDataMap[T];
+  readonly dims: number[];
+  readonly size: number;
+}
+
+/** kind says what went wrong: the files, the feeds, the device, or the device's limits. */
+export class WebireeError extends Error {
+  readonly kind: 'model' | 'feed' | 'device' | 'limits';
+  readonly hint?: string;
+}
+
+export interface ValueMetadata {
+  name: string;
+  isTensor: true;
+  type: TensorType;
+  shape: number[];
+}
+
+export interface LoadProgress {
+  /** bytes received so far, over manifest, module and weights together */
+  loaded: number;
+  total: number;
+  /** the file the last chunk belonged to */
+  file: string;
+}
+
+export interface SessionOptions {
+  onProgress?: (progress: LoadProgress) => void;
+  /** how long any one GPU operation may take before it fails (default 30000) */
+  timeoutMs?: number;
+  powerPreference?: 'low-power' | 'high-performance';
+}
+
+export interface DispatchTime {
+  name: string;
+  ms: number;
+}
+
+export type Results = Record<string, Tensor> & {
+  /** per-dispatch GPU time, only with run(feeds, {profile: true}) on an adapter with 'timestamp-query' */
+  readonly profile?: DispatchTime[];
+};
+
+export interface RunOptions {
+  profile?: boolean;
+}
+
+export interface ScheduleModule {
+  executables: {name: string; entry: string; format: 'wgsl' | 'spirv'; workgroupSize: number[];
+    bindings: {slot: number; writes: boolean}[]; code: Uint8Array}[];
+  buffers: {kind: 'weights' | 'input' | 'arena'; size: number; blobOffset: number; name: string}[];
+  inputs: IOInfo[];
+  outputs: IOInfo[];
+  commands: unknown[][];
+  registers: number;
+  limits: Record<string, number>;
+  info: Record<string, unknown>;
+}
+
+export interface IOInfo {
+  name: string; dtype: 'f32' | 'i32' | 'u32' | 'bool'; onnxType: number;
+  buffer: number; offset: number; size: number; dims: number[];
+}
+
+export class InferenceSession {
+  /** Load the build folder at `url` (relative to the page) onto a new WebGPU device. */
+  static create(url: string, options?: SessionOptions): Promise<InferenceSession>;
+  readonly inputNames: string[];
+  readonly outputNames: string[];
+  readonly inputMetadata: ValueMetadata[];
+  readonly outputMetadata: ValueMetadata[];
+  /** whether run(feeds, {profile: true}) can time dispatches */
+  readonly hasTimestamps: boolean;
+  /** the last profile taken, or null */
+  readonly profile: DispatchTime[] | null;
+  readonly manifest: Record<string, unknown>;
+  run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
+  /** Destroy the session's GPU buffers and device. */
+  release(): Promise<void>;
+}
+
+/** Parse a schedule module (model.wrm); throws WebireeError (kind 'model') if it is malformed. */
+export function readModule(data: ArrayBuffer | Uint8Array): ScheduleModule;
