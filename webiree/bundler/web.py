@@ -148,6 +148,7 @@ INDEX_HTML = r"""<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>webiree demo</title>
+<link rel="icon" href="data:,">
 <style>
   body { font: 15px/1.45 system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
   h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 1.5rem; }
@@ -260,7 +261,7 @@ function showOutput(name, t) {
     const top = values.map((v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 5);
     const max = Math.max(...top.map(([v]) => Math.abs(v)), 1e-30);
     box.append(el('p', {}, `top-5 of ${d[1]} classes`),
-      table(['rank', 'class', 'value', ''], top.map(([v, i], r) => [r + 1, `#${i}`, v, el('span', {className: 'bar', style: `width:${(120 * Math.abs(v) / max).toFixed(0)}px`})])));
+      table(['rank', 'class', 'value', ''], top.map(([v, i], r) => [`${r + 1}`, `#${i}`, v, el('span', {className: 'bar', style: `width:${(120 * Math.abs(v) / max).toFixed(0)}px`})])));
   } else if (d.length === 4 && d[0] === 1 && d[1] > 1 && d[2] * d[3] > 1) {
     const [, c, h, w] = d;
     const canvas = el('canvas', {width: w, height: h});
@@ -306,7 +307,7 @@ async function runAndShow() {
     const {profile} = await session.run(feeds, {profile: true});
     const total = profile.reduce((a, p) => a + p.ms, 0);
     $('profile').replaceChildren(el('h2', {}, 'GPU time per dispatch'), table(['dispatch', 'ms', '%'],
-      [...profile.map((p) => [p.name, p.ms, total ? 100 * p.ms / total : 0]), ['total', total, 100]]));
+      [...profile.map((p) => [p.name, p.ms, (total ? 100 * p.ms / total : 0).toFixed(1)]), ['total', total, '100.0']]));
   } else {
     $('profile').replaceChildren(el('p', {className: 'muted'}, 'Per-dispatch timing needs the adapter feature timestamp-query.'));
   }

@@ -11,7 +11,11 @@ Fusion has two rules, applied in order:
    (at index `o`) absorbs that op as its epilogue: conv + bias + ReLU or
    Gemm + bias + GELU is one dispatch.
 
-Neither rule may exceed the number of storage buffers one kernel can bind.
+3. *Prologues.* A Generic op read only by one anchor (a transpose, a bias
+   add, a scale) is computed inside the anchor's own loads of that input:
+   attention's bias + transpose + 1/sqrt(d) feed the score MatMul directly.
+
+No rule may exceed the number of storage buffers one kernel can bind.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..wgsl_codegen import kir
 from .program import O, Anchor, Generic, Program
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
+PROLOGUE_COST = 24  # a producer this cheap may be recomputed inside an anchor's input loads
 
 
 def dce(prog: Program) -> Program:
@@ -132,6 +137,26 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             a.out, a.epilogue = c.out, epi
             a.nodes = a.nodes + [n for n in c.nodes if n not in a.nodes]
             producer_of[a.out] = a
+            readers = _readers(prog)
+
+    # 3. compute lone elementwise producers inside the anchor that reads them
+    for a in list(prog.ops):
+        if not isinstance(a, Anchor):
+            continue
+        for t in a.inputs():
+            p = producer_of.get(t)
+            if not isinstance(p, Generic) or p not in prog.ops or t in outputs or t in a.prologues:
+                continue
+            if any(r is not a for r in readers.get(t, [])) or kir.cost(p.expr) > PROLOGUE_COST:
+                continue
+            if any(n.attr in a.prologues for n in kir.loads_of(p.expr)):
+                continue
+            after = (set(a.reads()) - {t}) | set(p.reads())
+            if len(after) + 1 > max_bindings:
+                continue
+            a.prologues[t] = p.expr
+            a.nodes = p.nodes + [n for n in a.nodes if n not in p.nodes]
+            prog.ops.remove(p)
             readers = _readers(prog)
     return prog
 

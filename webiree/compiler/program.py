@@ -135,12 +135,19 @@ class Generic(Op):
 @dataclass
 class Anchor(Op):
     epilogue: Expr | None = None
+    # input tensor -> the Generic expression (of var 'o') computing it: the anchor
+    # reads that input through the expression instead of from a buffer
+    prologues: dict = field(default_factory=dict)
 
     def inputs(self) -> list[str]:
         raise NotImplementedError
 
     def reads(self):
-        out = list(self.inputs())
+        out = []
+        for t in self.inputs():
+            for r in (_expr_reads(self.prologues[t]) if t in self.prologues else [t]):
+                if r not in out:
+                    out.append(r)
         for r in _expr_reads(self.epilogue):
             if r not in out:
                 out.append(r)

@@ -37,8 +37,9 @@ class Dispatch:
 class Binder:
     """Assigns binding slots to tensors and renames loads in expressions."""
 
-    def __init__(self, prog: P.Program):
+    def __init__(self, prog: P.Program, prologues: dict | None = None):
         self.prog = prog
+        self.prologues = prologues or {}
         self.slots: list[str] = []
 
     def name(self, tensor: str) -> str:
@@ -51,6 +52,10 @@ class Binder:
         return self.prog.tensors[self.prog.root(tensor)].dtype
 
     def load(self, tensor: str, index) -> kir.Expr:
+        """Element `index` of an input: from its buffer, or computed by its fused prologue."""
+        index = kir.as_expr(index, "i32")
+        if tensor in self.prologues:
+            return kir.substitute(self.expr(self.prologues[tensor]), {O: index})
         return kir.load(self.name(tensor), index, self.dtype(tensor))
 
     def expr(self, e: kir.Expr) -> kir.Expr:
@@ -98,7 +103,7 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
         P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
         P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm,
     }[type(op)]
-    b = Binder(prog)
+    b = Binder(prog, getattr(op, "prologues", None))
     body, shared, grid = builder(op, prog, cfg, limits, b)
     kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
     if len(kernel.bindings) > limits["max_storage_buffers_per_shader_stage"]:
@@ -123,8 +128,7 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     tm, tn = wy * rm, wx * rn
     M, N, K = op.m, op.n, op.k
     nthreads = wx * wy
-    A, B = b.name(op.a), b.name(op.b)
-    out = b.name(op.out)
+    out_dtype = prog.tensors[op.out].dtype  # noqa: F841
     nbatch = numel(op.batch)
     if nbatch > limits["max_compute_workgroups_per_dimension"]:
         raise LimitsError(f"MatMul batch {nbatch} exceeds the workgroups per dimension limit")
@@ -164,8 +168,8 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
             stmts.extend(fill if (step + 1) * nthreads <= total else [If(idx < total, fill)])
         return stmts
 
-    a_elem = (lambda r, k: kir.load(A, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k), "f32"))
-    b_elem = (lambda c, k: kir.load(B, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c), "f32"))
+    a_elem = (lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k)))
+    b_elem = (lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c)))
     inner = []
     inner += coop_load("As", tm, a_elem, lambda r: m0 + r < M)
     inner += coop_load("Bs", tn, b_elem, lambda c: n0 + c < N)
@@ -179,6 +183,7 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
                 inner.append(Assign(f"acc{i}_{j}", kir.fma(a_vals[i], b_vals[j], acc)))
     inner.append(Barrier())
     body.append(For("k0", i32(0), i32(K), inner, step=tk))
+    out = b.name(op.out)
     for i in range(rm):
         for j in range(rn):
             r, c = m0 + ty + i * wy, n0 + tx + j * wx
@@ -220,7 +225,6 @@ def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
     S = numel(out_sp)
     nd = len(in_sp)
     total = N * (M // cb) * S
-    X, W, out = b.name(op.x), b.name(op.w), b.name(op.out)
     t = lvar("t", "i32")
     sp = lvar("sp", "i32")
     ocoords = P.coords_of(sp, out_sp)
@@ -238,10 +242,10 @@ def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
     c = lvar("c", "i32")
 
     def inner(pos, kc):
-        xv = kir.load(X, lvar("xbase", "i32") + P.flat_of(pos, in_sp), "f32")
+        xv = b.load(op.x, lvar("xbase", "i32") + P.flat_of(pos, in_sp))
         stmts = [Let("xv", xv)]
         for j in range(cb):
-            wv = kir.load(W, lvar(f"wbase{j}", "i32") + P.flat_of(kc, op.w_shape[2:]), "f32")
+            wv = b.load(op.w, lvar(f"wbase{j}", "i32") + P.flat_of(kc, op.w_shape[2:]))
             stmts.append(Assign(f"acc{j}", kir.fma(lvar("xv", "f32"), wv, lvar(f"acc{j}", "f32"))))
         return stmts
     cbody = [Let("xbase", (n * C + g * Cg + c) * numel(in_sp))]
@@ -249,6 +253,7 @@ def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
         cbody.append(Let(f"wbase{j}", ((m0 + j) * Cg + c) * ksize))
     cbody += _window_loops(op.w_shape[2:], op.strides, op.dilations, op.pads, in_sp, q, inner)
     work.append(For("c", i32(0), i32(Cg), cbody))
+    out = b.name(op.out)
     for j in range(cb):
         o = (n * M + m0 + j) * S + sp
         work.append(Store(out, o, epilogue(op, b, lvar(f"acc{j}", "f32"), o)))
@@ -265,7 +270,6 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
     nd = len(in_sp)
     total = N * C * S
     dt = prog.tensors[op.x].dtype
-    X, out = b.name(op.x), b.name(op.out)
     t = lvar("t", "i32")
     ocoords = P.coords_of(t % S if S > 1 else i32(0), out_sp)
     work = [Let("nc", t // S)]
@@ -278,7 +282,7 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
     acc = lvar("acc", dt)
 
     def inner(pos, kc):
-        v = kir.load(X, lvar("nc", "i32") * numel(in_sp) + P.flat_of(pos, in_sp), dt)
+        v = b.load(op.x, lvar("nc", "i32") * numel(in_sp) + P.flat_of(pos, in_sp))
         if op.mode == "max":
             upd = select(kir.binary("or", v > acc, kir.unary("isnan", v)), v, acc) if dt == "f32" else kir.maximum(v, acc)
         elif op.mode == "avg":
@@ -305,7 +309,7 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
             result = acc / kir.cast(kir.maximum(lvar("cnt", "i32"), 1), "f32")
     elif op.mode == "lp":
         result = kir.binary("pow", acc, f32(1.0 / op.p))
-    work.append(Store(out, t, epilogue(op, b, result, t)))
+    work.append(Store(b.name(op.out), t, epilogue(op, b, result, t)))
     body = [Let("t", linear_wid() * wg + lid()), If(t < total, work)]
     return body, [], grid_for(-(-total // wg), limits)
 
@@ -358,10 +362,10 @@ def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
     wg = cfg.workgroup_size[0]
     rows = op.outer * op.inner
     dt = prog.tensors[op.x].dtype
-    X, out = b.name(op.x), b.name(op.out)
     base, row = lvar("base", "i32"), lvar("row", "i32")
     rv = lvar("r", "i32")
-    elem = kir.load(X, base + rv * op.inner, dt)
+    elem = b.load(op.x, base + rv * op.inner)
+    out = b.name(op.out)
     mode = op.mode
     work = _row_setup(rows, op.inner, op.r, wg)
     shared = [kir.SharedArray("red", dt, wg)]
@@ -431,10 +435,10 @@ def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
 def build_softmax(op: P.Softmax, prog, cfg, limits, b: Binder):
     wg = cfg.workgroup_size[0]
     rows = op.outer * op.inner
-    X, out = b.name(op.x), b.name(op.out)
     base, row, rv = lvar("base", "i32"), lvar("row", "i32"), lvar("r", "i32")
     idx = base + rv * op.inner
-    elem = kir.load(X, idx, "f32")
+    elem = b.load(op.x, idx)
+    out = b.name(op.out)
     work = _row_setup(rows, op.inner, op.r, wg)
     work += [Decl("m", "f32", kir.const(NEG_INF, "f32"))]
     work.append(_strided_loop("r", op.r, wg, [Assign("m", _max_nan(lvar("m", "f32"), elem))]))
@@ -459,11 +463,9 @@ def build_softmax(op: P.Softmax, prog, cfg, limits, b: Binder):
 def build_layernorm(op: P.LayerNorm, prog, cfg, limits, b: Binder):
     wg = cfg.workgroup_size[0]
     rows = op.outer
-    X, out = b.name(op.x), b.name(op.out)
-    S = b.name(op.scale)
-    Bn = b.name(op.bias) if op.bias else None
     base, row, rv = lvar("base", "i32"), lvar("row", "i32"), lvar("r", "i32")
-    elem = kir.load(X, base + rv, "f32")
+    elem = b.load(op.x, base + rv)
+    out = b.name(op.out)
     work = _row_setup(rows, 1, op.r, wg)
     work += [Decl("s", "f32", f32(0.0))]
     work.append(_strided_loop("r", op.r, wg, [Assign("s", lvar("s", "f32") + elem)]))
@@ -475,9 +477,9 @@ def build_layernorm(op: P.LayerNorm, prog, cfg, limits, b: Binder):
     work.append(_strided_loop("r", op.r, wg, [Assign("v", lvar("v", "f32") + d * d)]))
     work += _tree("red", wg, lambda a, c: a + c, lvar("v", "f32"), "f32")
     work += [Let("inv", kir.unary("rsqrt", kir.sload("red", i32(0), "f32") / float(op.r) + op.eps))]
-    val = (elem - mean) * lvar("inv", "f32") * kir.load(S, rv, "f32")
-    if Bn:
-        val = val + kir.load(Bn, rv, "f32")
+    val = (elem - mean) * lvar("inv", "f32") * b.load(op.scale, rv)
+    if op.bias:
+        val = val + b.load(op.bias, rv)
     oi = lvar("oi", "i32")
     work.append(_strided_loop("r", op.r, wg, [Let("oi", base + rv), Store(out, oi, epilogue(op, b, val, oi))]))
     body = [If(linear_wid() < rows, work)]

@@ -1,0 +1,62 @@
+"""The four benchmark models of IREE's Vulkan talk, exported from Hugging Face
+`transformers` with seeded random weights (tests/seed/export_seed_models.py),
+compiled and run on the native HAL, compared with onnxruntime CPU.
+
+Tolerance: max |webiree - onnxruntime| / max |onnxruntime| <= 1e-4 per output.
+IREE 3.13 forms 55 / 58 / 103 / 513 dispatches for these models.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import webiree
+
+from .conftest import assert_close
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("WEBIREE_SEED_DIR", ROOT / "tests" / ".data" / "seed"))
+IREE_DISPATCHES = {"mobilenet_v2": 55, "deeplabv3": 58, "minilm": 103, "mobilebert": 513}
+
+
+@pytest.fixture(scope="session")
+def seed_dir():
+    """Export the models once (cached in tests/.data/seed; never committed)."""
+    DATA.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "seed" / "export_seed_models.py"), "--out", str(DATA)],
+                       capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, f"seed export failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return DATA
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mobilenet_v2", "deeplabv3", "minilm", "mobilebert"])
+def test_seed_model(name, seed_dir, tmp_path, capsys):
+    t0 = time.perf_counter()
+    res = webiree.compile(seed_dir / f"{name}.onnx", tmp_path / name)
+    build_s = time.perf_counter() - t0
+    assert build_s < 60, f"build took {build_s:.1f} s"
+    sess = webiree.InferenceSession(tmp_path / name)
+    feeds = dict(np.load(seed_dir / f"{name}.inputs.npz"))
+    ref = dict(np.load(seed_dir / f"{name}.ref.npz"))
+    sess.run(None, feeds)
+    t0 = time.perf_counter()
+    outs = sess.run(None, feeds)
+    run_ms = (time.perf_counter() - t0) * 1e3
+    errs = {}
+    for o, got in zip(sess.get_outputs(), outs):
+        errs[o.name] = assert_close(got, ref[o.name], 1e-4, f"{name}:{o.name}")
+    m = res.manifest
+    with capsys.disabled():
+        print(f"\n[seed] {name}: {m['dispatches']} dispatches (IREE 3.13: {IREE_DISPATCHES[name]}), "
+              f"peak arena {res.plan.arena_peak} B (sum of intermediates {res.plan.intermediates_sum} B), "
+              f"weights {m['sizes']['weights_bytes']} B, module {m['sizes']['module_bytes']} B, "
+              f"build {build_s:.1f} s, run {run_ms:.0f} ms on lavapipe, rel. error "
+              + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
