@@ -45,7 +45,7 @@ TINT_NONFINITE = "cannot be represented as 'f32'"
 
 # ---------------------------------------------------------------- models
 def relu_cnn(seed: int = 0) -> "onnx.ModelProto":  # noqa: F821
-    """Conv+Relu, strided Conv+Sigmoid gate, GlobalAveragePool, Gemm: a [1,10] classifier
+    """Conv+Relu, strided Conv, AveragePool, GlobalAveragePool, Gemm: a [1,10] classifier
     output and a [1,8,8,8] feature map (shown as a mask by the demo page)."""
     rng = np.random.default_rng(seed)
     w = lambda *s: (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32)  # noqa: E731
@@ -53,9 +53,8 @@ def relu_cnn(seed: int = 0) -> "onnx.ModelProto":  # noqa: F821
         helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Conv", ["r1", "w2", "b2"], ["features"], name="conv2", strides=[2, 2], pads=[1, 1, 1, 1]),
-        helper.make_node("Sigmoid", ["features"], ["g"], name="gate"),
-        helper.make_node("Mul", ["features", "g"], ["sw"], name="swish"),
-        helper.make_node("GlobalAveragePool", ["sw"], ["gap"], name="gap"),
+        helper.make_node("AveragePool", ["features"], ["ap"], name="avgpool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["ap"], ["gap"], name="gap"),
         helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
         helper.make_node("Gemm", ["flat", "w3", "b3"], ["logits"], name="fc", transB=1),
     ]
@@ -68,25 +67,25 @@ def relu_cnn(seed: int = 0) -> "onnx.ModelProto":  # noqa: F821
 
 def tokens(seed: int = 0, vocab: int = 50, seq: int = 8, dim: int = 16, classes: int = 5):
     """int64 token ids through a Gather embedding, a bool mask through Where; outputs in
-    float32 (logits), int64 (token count) and bool (positive logits)."""
+    float32 (logits), int64 (ids + 1) and bool (positive logits)."""
     rng = np.random.default_rng(seed)
     nodes = [
         helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed"),
         helper.make_node("Unsqueeze", ["mask", "ax2"], ["m3"], name="mask_unsq"),
         helper.make_node("Where", ["m3", "e", "zero"], ["em"], name="mask_where"),
-        helper.make_node("ReduceSum", ["em", "ax1"], ["pooled"], name="pool", keepdims=0),
-        helper.make_node("MatMul", ["pooled", "w"], ["logits"], name="head"),
-        helper.make_node("Cast", ["mask"], ["mask_i"], name="mask_int", to=TensorProto.INT64),
-        helper.make_node("ReduceSum", ["mask_i", "ax1"], ["count"], name="count", keepdims=0),
+        helper.make_node("Reshape", ["em", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "w"], ["logits"], name="head"),
+        helper.make_node("Add", ["ids", "one"], ["next_ids"], name="next_ids"),
         helper.make_node("Greater", ["logits", "zero"], ["positive"], name="positive"),
     ]
     inits = {"emb": rng.standard_normal((vocab, dim)).astype(np.float32),
-             "w": (rng.standard_normal((dim, classes)) / 4).astype(np.float32),
-             "zero": np.array(0.0, np.float32), "ax1": np.array([1], np.int64), "ax2": np.array([2], np.int64)}
+             "w": (rng.standard_normal((seq * dim, classes)) / 8).astype(np.float32),
+             "zero": np.array(0.0, np.float32), "one": np.array(1, np.int64), "ax2": np.array([2], np.int64),
+             "flat_shape": np.array([1, seq * dim], np.int64)}
     return make_model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq]),
                               helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, seq])],
                       [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes]),
-                       helper.make_tensor_value_info("count", TensorProto.INT64, [1]),
+                       helper.make_tensor_value_info("next_ids", TensorProto.INT64, [1, seq]),
                        helper.make_tensor_value_info("positive", TensorProto.BOOL, [1, classes])],
                       inits, name="tokens")
 
@@ -256,12 +255,13 @@ def test_metadata_types_and_progress(page, server, sites):
     r = run_site(page, server, "tokens", token_feeds())
     check_no_error(r)
     assert r["inputNames"] == ["ids", "mask"]
-    assert r["outputNames"] == ["logits", "count", "positive"]
+    assert r["outputNames"] == ["logits", "next_ids", "positive"]
     assert r["inputMetadata"] == [{"name": "ids", "isTensor": True, "type": "int64", "shape": [1, 8]},
                                   {"name": "mask", "isTensor": True, "type": "bool", "shape": [1, 8]}]
     assert [m["type"] for m in r["outputMetadata"]] == ["float32", "int64", "bool"]
     assert {k: v["cls"] for k, v in r["out"].items()} == {
-        "logits": "Float32Array", "count": "BigInt64Array", "positive": "Uint8Array"}
+        "logits": "Float32Array", "next_ids": "BigInt64Array", "positive": "Uint8Array"}
+    assert decode_outputs(r)["next_ids"][0, 1] == -2  # -3 + 1: negative int64 results keep their sign
     site = sites[0] / "tokens"
     total = sum((site / f).stat().st_size for f in ("manifest.json", "model.wrm", "weights.bin"))
     loaded = [p["loaded"] for p in r["progress"]]

@@ -98,11 +98,20 @@ def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr) -> kir.Expr:
 
 
 # ----------------------------------------------------------------------------
+# canonical op class -> builder(op, prog, cfg, limits, binder) -> (body, shared arrays, grid).
+# Filled at the end of this module; other kernel modules add their op kinds with `builder_for`.
+BUILDERS: dict = {}
+
+
+def builder_for(op_class):
+    def deco(fn):
+        BUILDERS[op_class] = fn
+        return fn
+    return deco
+
+
 def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatch:
-    builder = {
-        P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
-        P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm,
-    }[type(op)]
+    builder = BUILDERS[type(op)]
     b = Binder(prog, getattr(op, "prologues", None))
     body, shared, grid = builder(op, prog, cfg, limits, b)
     kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
@@ -486,4 +495,9 @@ def build_layernorm(op: P.LayerNorm, prog, cfg, limits, b: Binder):
     return body, [kir.SharedArray("red", "f32", wg)], grid_for(rows, limits)
 
 
-__all__ = ["Dispatch", "build", "grid_for", "strides_of"]
+BUILDERS.update({
+    P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
+    P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm,
+})
+
+__all__ = ["Dispatch", "build", "builder_for", "grid_for", "strides_of"]
