@@ -226,7 +226,9 @@ export class InferenceSession {
       options.onProgress?.({...progress, total: Math.max(progress.total, progress.loaded)});
     };
     const manifestUrl = new URL('manifest.json', base);
-    const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl, (n) => report('manifest.json', n))));
+    const manifestText = new TextDecoder().decode(await fetchBytes(manifestUrl, (n) => report('manifest.json', n)));
+    let manifest;
+    try { manifest = JSON.parse(manifestText); } catch { fail('model', `${manifestUrl} is not JSON`, 'is this a webiree build folder?'); }
     const files = manifest.files ?? {};
     const [moduleFile, weightsFile] = [files.module ?? 'model.wrm', files.weights ?? 'weights.bin'];
     progress.total = progress.loaded + (manifest.sizes?.module_bytes ?? 0) + (manifest.sizes?.weights_bytes ?? 0);
@@ -420,6 +422,7 @@ export class InferenceSession {
   async _run(feeds, options) {
     if (this._released) fail('device', 'the session was released', 'create a new session');
     if (this._lostError) throw this._lostError;
+    if (this._gpuErrors.length) fail('device', `WebGPU reported an error: ${this._gpuErrors.splice(0).join('; ')}`);
     const {module: m, device: d} = this;
     if (!feeds || typeof feeds !== 'object') fail('feed', 'feeds must be an object {input name: Tensor}');
     const unknown = Object.keys(feeds).filter((k) => !this.inputNames.includes(k));
@@ -490,6 +493,7 @@ export class InferenceSession {
   async release() {
     if (this._released) return;
     await this._queue;
+    if (!this._lostError) await this._gpu(this.device.queue.onSubmittedWorkDone(), 'onSubmittedWorkDone()').catch(() => {});
     this._released = true;
     for (const b of [...(this.buffers ?? []), this.readback, this._resolve, this._times]) b?.destroy();
     this._query?.destroy();

@@ -188,7 +188,7 @@ const ARRAYS = {float32: Float32Array, int64: BigInt64Array, int32: Int32Array, 
   int8: Int8Array, uint16: Uint16Array, int16: Int16Array, uint32: Uint32Array, float64: Float64Array};
 const count = (dims) => dims.reduce((a, b) => a * b, 1);
 const el = (tag, attrs = {}, ...kids) => { const e = Object.assign(document.createElement(tag), attrs); e.append(...kids); return e; };
-const fmt = (v) => (Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
+const fmt = (v) => (Number.isInteger(v) && Math.abs(v) < 1e9 ? String(v) : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
 const setState = (s) => { document.body.dataset.state = s; };
 
 function table(head, rows) {

@@ -44,10 +44,11 @@ def resolve_limits(limits) -> dict:
     if limits in (None, "default"):
         return dict(C.DEFAULT_LIMITS)
     if limits == "adapter":
-        from ..hal_webgpu.wgpu_driver import adapter_limits
+        from ..hal_webgpu.wgpu_driver import adapter_info, adapter_limits
         have = adapter_limits()
         out = dict(C.DEFAULT_LIMITS)
         out.update({k: have[k] for k in out if k in have})
+        out["device_class"] = "cpu" if adapter_info().get("adapter_type", "").upper() == "CPU" else "gpu"
         return out
     out = dict(C.DEFAULT_LIMITS)
     out.update(limits)
@@ -146,5 +147,5 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
                    "max_live": plan.max_live, "weights": sum(b.size for b in plan.buffers if b.kind == "weights")},
         "views": sorted(n for n, t in prog.tensors.items() if t.alias_of is not None),
     }
-    limits = {k: int(v) for k, v in lim.items()}
+    limits = {k: int(v) for k, v in lim.items() if isinstance(v, int)}
     return F.Module(executables, buffers, inputs, outputs, commands, limits, info), bytes(blob)

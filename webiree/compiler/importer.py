@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from ..errors import ModelError, ShapeError
 from .graph import Graph, Node, TensorType
 
-MIN_OPSET, MAX_OPSET = 7, 23
+MIN_OPSET, MAX_OPSET = 7, 28   # up to what onnx 1.23 defines (ops added since raise Unsupported)
 
 
 def load_model_proto(model) -> onnx.ModelProto:

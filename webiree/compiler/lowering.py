@@ -23,6 +23,7 @@ from .program import Generic, Op, Program, Tensor, coords_of, flat_of, numel
 from .program import O as OUT_INDEX
 
 MAX_ELEMENTS = (1 << 31) - 1         # i32 index math
+MAX_FOLD_ELEMENTS = 1 << 25          # largest value constant folding may compute (32M elements)
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
 
@@ -207,6 +208,52 @@ class Lowering:
         return self.fresh(f"{self.node.outputs[0] if self.node.outputs else self.node.name}:{base}")
 
 
+def folded_shapes(node: Node, values: list, opset: int) -> list:
+    """The output shapes of folding `node`, by ONNX shape inference on the node alone (small
+    constant inputs given as values, so shape-producing inputs are seen), without evaluating it.
+    An entry is None where inference cannot tell."""
+    inits, infos = [], []
+    for name, v in zip(node.inputs, values):
+        if not name or v is None:
+            continue
+        try:
+            infos.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
+            if v.size <= 4096:
+                inits.append(onnx.numpy_helper.from_array(v, name))
+        except Exception:
+            return []
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
+    try:
+        m = helper.make_model(helper.make_graph([node.proto], "fold", infos, outs, inits),
+                              opset_imports=[helper.make_opsetid("", opset)])
+        inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    except Exception:
+        return []
+    shapes = []
+    for o in inferred.graph.output:
+        t = o.type.tensor_type
+        if not o.type.HasField("tensor_type") or not t.HasField("shape") or \
+                any(not d.HasField("dim_value") for d in t.shape.dim):
+            shapes.append(None)
+        else:
+            shapes.append(tuple(d.dim_value for d in t.shape.dim))
+    return shapes
+
+
+def check_fold_size(node: Node, values: list, opset: int, known: dict) -> None:
+    """Refuse (before allocating it) a constant node whose value would be enormous."""
+    shapes = [known[o].shape if o in known else None for o in node.outputs if o]
+    if any(s is None for s in shapes):
+        shapes = [a if a is not None else b for a, b in
+                  zip(shapes, folded_shapes(node, values, opset) or [None] * len(shapes))]
+    for o, s in zip([o for o in node.outputs if o], shapes):
+        if s is not None and numel(s) > MAX_FOLD_ELEMENTS:
+            raise ShapeError(f"constant {o!r} would have shape {tuple(s)} ({numel(s)} elements), more than "
+                             f"webiree computes at compile time ({MAX_FOLD_ELEMENTS})",
+                             node=node.name, op=node.op,
+                             hint="the constant inputs of this node ask for an enormous tensor; check them")
+
+
 def fold_node(node: Node, values: list, opset: int) -> list[np.ndarray]:
     """Evaluate one node on constant inputs with onnx's reference evaluator."""
     from onnx.reference import ReferenceEvaluator
@@ -248,8 +295,10 @@ def lower(graph: Graph) -> Program:
         all_const = all(ctx.const(i) is not None for i in node.inputs if i)
         try:
             if all_const and node.op not in NONDETERMINISTIC and not registry.never_fold(node.op):
+                args = [ctx.const(i) if i else None for i in node.inputs]
+                check_fold_size(node, args, graph.opset, graph.types)
                 try:
-                    values = fold_node(node, [ctx.const(i) if i else None for i in node.inputs], graph.opset)
+                    values = fold_node(node, args, graph.opset)
                 except Exception as e:
                     if handler is None:
                         raise ModelError(f"cannot evaluate constant node: {str(e).splitlines()[0][:200]}",

@@ -39,6 +39,9 @@ def dce(prog: Program) -> Program:
     used = set(needed) | set(prog.inputs) | set(prog.outputs)
     for op in prog.ops:
         used.add(op.out)
+        if isinstance(op, Anchor):
+            # an input computed by a fused prologue has no buffer, but its shape/dtype still describe the op
+            used.update(op.prologues)
     # keep views whose root stays (graph outputs may be views)
     def live_view(t):
         while t.alias_of is not None:

@@ -110,3 +110,50 @@ def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:
         else:
             feeds[vi.name] = rng.integers(0, 10, shape).astype(dt)
     return feeds
+
+
+def tiny_attention(seed: int = 0, seq: int = 8, vocab: int = 32, d: int = 16, heads: int = 2) -> onnx.ModelProto:
+    """An attention block over int64 token ids: Gather (embedding), LayerNorm, Q/K/V MatMuls,
+    head split (Reshape + Transpose), scaled scores, a padding mask from Equal + Where,
+    Softmax, context MatMul, output projection and a residual Add. The head-split target shape
+    is computed from Shape + Gather + Concat (folded at compile time)."""
+    rng = np.random.default_rng(seed)
+    dh = d // heads
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+        helper.make_node("Add", ["emb", "pos"], ["x"], name="add_pos"),
+        helper.make_node("LayerNormalization", ["x", "ln_g", "ln_b"], ["xn"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["xn", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["xn", "wk"], ["k"], name="k_proj"),
+        helper.make_node("MatMul", ["xn", "wv"], ["v"], name="v_proj"),
+        helper.make_node("Shape", ["ids"], ["ids_shape"], name="ids_shape"),
+        helper.make_node("Concat", ["ids_shape", "head_dims"], ["split_shape"], name="split_shape", axis=0),
+        helper.make_node("Reshape", ["q", "split_shape"], ["q4"], name="q_split"),
+        helper.make_node("Reshape", ["k", "split_shape"], ["k4"], name="k_split"),
+        helper.make_node("Reshape", ["v", "split_shape"], ["v4"], name="v_split"),
+        helper.make_node("Transpose", ["q4"], ["qh"], name="q_heads", perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k4"], ["kt"], name="k_heads", perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["v4"], ["vh"], name="v_heads", perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["qh", "kt"], ["s"], name="scores"),
+        helper.make_node("Mul", ["s", "scale"], ["ss"], name="scale"),
+        helper.make_node("Equal", ["ids", "pad_id"], ["is_pad"], name="is_pad"),
+        helper.make_node("Unsqueeze", ["is_pad", "mask_axes"], ["mask"], name="mask"),
+        helper.make_node("Where", ["mask", "neg", "ss"], ["sm"], name="apply_mask"),
+        helper.make_node("Softmax", ["sm"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "vh"], ["ctx"], name="context"),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], name="merge_heads", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merged"], ["ctx2"], name="merge"),
+        helper.make_node("MatMul", ["ctx2", "wo"], ["o"], name="o_proj"),
+        helper.make_node("Add", ["o", "x"], ["y"], name="residual"),
+    ]
+    inits = {
+        "table": _w(rng, vocab, d, scale=1.0), "pos": _w(rng, seq, d, scale=0.1),
+        "ln_g": np.ones(d, np.float32), "ln_b": np.zeros(d, np.float32),
+        "wq": _w(rng, d, d), "wk": _w(rng, d, d), "wv": _w(rng, d, d), "wo": _w(rng, d, d),
+        "head_dims": np.array([heads, dh], np.int64), "scale": np.array(1.0 / np.sqrt(dh), np.float32),
+        "pad_id": np.array(0, np.int64), "mask_axes": np.array([1, 2], np.int64),
+        "neg": np.array(-1e9, np.float32), "merged": np.array([1, seq, d], np.int64),
+    }
+    return make_model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], inits,
+                      name="tiny_attention")

@@ -48,6 +48,16 @@ def _pow2_at_most(n: int, cap: int) -> int:
 
 def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
     inv = limits["max_compute_invocations_per_workgroup"]
+    cpu = limits.get("device_class") == "cpu"
+    if isinstance(op, P.MatMul) and cpu:
+        # CPU adapters (lavapipe) run a workgroup as SIMD loops over invocations: barriers are
+        # expensive and caches make workgroup memory pointless. Wide register blocks instead.
+        wx = min(64, inv, limits["max_compute_workgroup_size_x"])
+        while wx > 8 and wx >= 2 * op.n:
+            wx //= 2
+        rn = 4 if op.n >= 4 * wx else (2 if op.n >= 2 * wx else 1)
+        rm = 4 if op.m >= 4 else op.m
+        return KernelConfig((wx, 1, 1), (rm, rn, 4 if op.k >= 4 else 1), 1, "register-blocked")
     if isinstance(op, P.MatMul):
         # 16x16 threads, each a 4x4 register block: 64x64 tiles, K in steps of 16.
         # Thin problems (one row, e.g. a classifier head) use 1 row per thread.

@@ -131,34 +131,95 @@ def build_generic(op: P.Generic, prog, cfg, limits, b: Binder):
     return body, [], grid_for(-(-n // wg), limits)
 
 
-def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
-    wx, wy, _ = cfg.workgroup_size
-    rm, rn, tk = cfg.tile
-    tm, tn = wy * rm, wx * rn
-    M, N, K = op.m, op.n, op.k
-    nthreads = wx * wy
-    out_dtype = prog.tensors[op.out].dtype  # noqa: F841
-    nbatch = numel(op.batch)
-    if nbatch > limits["max_compute_workgroups_per_dimension"]:
-        raise LimitsError(f"MatMul batch {nbatch} exceeds the workgroups per dimension limit")
+def _batch_offsets(op: P.MatMul):
+    """(batch index expr, A's element offset, B's element offset) for workgroup z."""
     bz = kir.cast(kir.WID[2], "i32")
     bcoords = P.coords_of(bz, op.batch) if op.batch else []
 
-    def batch_offset(shape):
+    def offset(shape):
         if not shape:
             return i32(0)
         k = len(op.batch) - len(shape)
         cs = [i32(0) if shape[i] == 1 else bcoords[k + i] for i in range(len(shape))]
         return P.flat_of(cs, shape)
+    return bz, offset(op.a_batch) * (op.m * op.k), offset(op.b_batch) * (op.k * op.n)
 
+
+def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
+    if numel(op.batch) > limits["max_compute_workgroups_per_dimension"]:
+        raise LimitsError(f"MatMul batch {numel(op.batch)} exceeds the workgroups per dimension limit")
+    if cfg.strategy == "register-blocked":
+        return _matmul_registers(op, prog, cfg, limits, b)
+    return _matmul_shared(op, prog, cfg, limits, b)
+
+
+def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """No workgroup memory, no barriers: invocation x owns columns n0 + x + j*WX (j < RN) of RM
+    consecutive rows. Lanes read consecutive B elements; A reads are uniform across the
+    workgroup. Suits CPUs (lavapipe vectorizes across invocations) and wide GPU tiles."""
+    wx = cfg.workgroup_size[0]
+    rm, rn, uk = cfg.tile
+    M, N, K = op.m, op.n, op.k
+    bz, a_off, b_off = _batch_offsets(op)
+    body = [Let("a_off", a_off), Let("b_off", b_off),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
+    a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
+    for i in range(rm):
+        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
+    for j in range(rn):
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * wx, N - 1)))
+        for i in range(rm):
+            body.append(Decl(f"acc{i}_{j}", "f32", f32(0.0)))
+    mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
+    nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
+
+    def step(k):
+        stmts = []
+        for i in range(rm):
+            stmts.append(Let(f"a{i}", b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))))
+        for j in range(rn):
+            stmts.append(Let(f"b{j}", b.load(op.b, b_off + (nc[j] * K + k if op.trans_b else k * N + nc[j]))))
+        for i in range(rm):
+            for j in range(rn):
+                stmts.append(Assign(f"acc{i}_{j}", lvar(f"acc{i}_{j}", "f32") + lvar(f"a{i}", "f32") * lvar(f"b{j}", "f32")))
+        return stmts
+    k0 = lvar("k0", "i32")
+    main = K - K % uk
+    if main:
+        inner = []
+        for kk in range(uk):
+            inner += [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True)]
+        body.append(For("k0", i32(0), i32(main), inner, step=uk))
+    for k in range(main, K):
+        body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
+    out = b.name(op.out)
+    for i in range(rm):
+        for j in range(rn):
+            r, c = m0 + i, n0 + j * wx
+            o = bz * (M * N) + r * N + c
+            acc = lvar(f"acc{i}_{j}", "f32")
+            if op.alpha != 1.0:
+                acc = acc * op.alpha
+            body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
+    return body, [], (-(-N // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Workgroup-memory tiles: (WY*RM) x (WX*RN) outputs per workgroup, K in steps of TK."""
+    wx, wy, _ = cfg.workgroup_size
+    rm, rn, tk = cfg.tile
+    tm, tn = wy * rm, wx * rn
+    M, N, K = op.m, op.n, op.k
+    nthreads = wx * wy
+    bz, a_off_e, b_off_e = _batch_offsets(op)
     tx, ty = lid(0), lid(1)
     m0 = kir.cast(kir.WID[1], "i32") * tm
     n0 = kir.cast(kir.WID[0], "i32") * tn
     li = kir.cast(kir.LINDEX, "i32")
     k0 = lvar("k0", "i32")
-    body = [Let("a_off", batch_offset(op.a_batch) * (M * K)),
-            Let("b_off", batch_offset(op.b_batch) * (K * N)),
-            Let("m0", m0), Let("n0", n0)]
+    body = [Let("a_off", a_off_e), Let("b_off", b_off_e), Let("m0", m0), Let("n0", n0)]
     a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
     m0, n0 = lvar("m0", "i32"), lvar("n0", "i32")
     for i in range(rm):
@@ -202,7 +263,7 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
                 acc = acc * op.alpha
             body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
     shared = [kir.SharedArray("As", "f32", tk * tm), kir.SharedArray("Bs", "f32", tk * tn)]
-    return body, shared, (-(-N // tn), -(-M // tm), max(nbatch, 1))
+    return body, shared, (-(-N // tn), -(-M // tm), max(numel(op.batch), 1))
 
 
 def _window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, unroll_max=3):

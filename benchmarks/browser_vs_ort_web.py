@@ -1,0 +1,194 @@
+"""webiree's browser runtime vs onnxruntime-web (WebGPU EP), in the same headless Chromium.
+
+    cd benchmarks && npm install --no-save --no-package-lock --prefix . onnxruntime-web@1.30.0
+    cd .. && .venv/bin/python benchmarks/browser_vs_ort_web.py [--model small_cnn] [--runs 30]
+
+This script installs nothing: onnxruntime-web must already be in
+benchmarks/node_modules (gitignored). It builds the model with webiree into a
+temporary root, puts the ONNX file and ort-web's WebGPU runtime files beside
+it, serves the root with webiree's server, and in one page:
+
+  1. creates a webiree session and an ort-web session (executionProviders ['webgpu']),
+  2. checks that both give the same outputs (max |diff| / max |ref|),
+  3. times `--runs` runs of each after `--warmup` runs (results read back to the
+     CPU in both cases) and prints the medians and their ratio,
+  4. prints the gzipped size of each runtime (what a page has to download
+     besides the model).
+
+Chromium runs WebGPU on SwiftShader (a CPU) here, so the absolute numbers say
+little about a real GPU; the ratio and the sizes are the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ORT_DIST = HERE / "node_modules" / "onnxruntime-web" / "dist"
+# ort-web 1.30's WebGPU build: the ES module and the wasm it loads
+ORT_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--no-sandbox"]
+
+BENCH_JS = """async ({runs, warmup, feeds}) => {
+  const median = (xs) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1;
+    return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; };
+  const bytes = (b64) => Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  async function time(run) {
+    let t0 = performance.now();
+    const first = await run();
+    const firstMs = performance.now() - t0;
+    for (let i = 0; i < warmup; i++) await run();
+    const ms = [];
+    for (let i = 0; i < runs; i++) { t0 = performance.now(); await run(); ms.push(performance.now() - t0); }
+    return {first, firstMs, median: median(ms), min: Math.min(...ms)};
+  }
+  const out = {};
+  // webiree
+  const w = await import('./webiree/webiree.js');
+  let t0 = performance.now();
+  const ws = await w.InferenceSession.create('./webiree/');
+  out.webiree = {createMs: performance.now() - t0};
+  const wfeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) =>
+    [k, new w.Tensor(f.type, new Float32Array(bytes(f.data).buffer), f.dims)]));
+  const wr = await time(() => ws.run(wfeeds));
+  Object.assign(out.webiree, {firstRunMs: wr.firstMs, medianMs: wr.median, minMs: wr.min});
+  const wout = Object.fromEntries(Object.entries(wr.first).map(([k, t]) => [k, Array.from(t.data)]));
+  await ws.release();
+  // onnxruntime-web, WebGPU execution provider
+  const ort = await import('./ort/ort.webgpu.min.mjs');
+  ort.env.wasm.wasmPaths = new URL('./ort/', location.href).href;
+  ort.env.wasm.numThreads = 1;  // no cross-origin isolation here
+  ort.env.logLevel = 'error';
+  t0 = performance.now();
+  const os = await ort.InferenceSession.create('./model.onnx', {executionProviders: ['webgpu']});
+  out.ort = {createMs: performance.now() - t0};
+  const ofeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) =>
+    [k, new ort.Tensor(f.type, new Float32Array(bytes(f.data).buffer), f.dims)]));
+  const or = await time(() => os.run(ofeeds));
+  Object.assign(out.ort, {firstRunMs: or.firstMs, medianMs: or.median, minMs: or.min});
+  let err = 0;
+  for (const [k, ref] of Object.entries(or.first)) {
+    const r = Array.from(ref.data), g = wout[k];
+    const scale = Math.max(...r.map(Math.abs), 1e-30);
+    err = Math.max(err, ...r.map((v, i) => Math.abs(v - g[i]) / scale));
+  }
+  out.maxRelDiff = err;
+  await os.release();
+  return out;
+}"""
+
+
+def gz(path: Path) -> int:
+    return len(gzip.compress(path.read_bytes(), 9))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="small_cnn", help="a model of webiree.testing.models (default small_cnn)")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for the whole in-page benchmark")
+    args = ap.parse_args(argv)
+
+    missing = [f for f in ORT_FILES if not (ORT_DIST / f).is_file()]
+    if missing:
+        print(f"onnxruntime-web is not installed in {HERE / 'node_modules'} (missing {missing}); run:\n"
+              f"  cd {HERE} && npm install --no-save --no-package-lock --prefix . onnxruntime-web@1.30.0",
+              file=sys.stderr)
+        return 2
+    if not os.path.exists(CHROMIUM):
+        print(f"{CHROMIUM} is missing (Debian's chromium; scripts/setup.sh installs it)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp/webiree-xdg")
+    os.makedirs(os.environ["XDG_RUNTIME_DIR"], exist_ok=True)
+
+    import base64
+
+    import numpy as np
+    import onnx
+    import uvicorn
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    import webiree
+    from webiree.bundler.server import create_app
+    from webiree.testing import models
+
+    model = getattr(models, args.model)()
+    feeds = models.sample_inputs(model)
+    if any(v.dtype != np.float32 for v in feeds.values()):
+        print("this benchmark feeds float32 inputs only", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="webiree-bench-") as tmp:
+        root = Path(tmp)
+        webiree.compile(model, root / "webiree")
+        onnx.save(model, root / "model.onnx")
+        (root / "ort").mkdir()
+        for f in ORT_FILES:
+            shutil.copyfile(ORT_DIST / f, root / "ort" / f)
+        (root / "index.html").write_text("<!doctype html><title>bench</title><link rel=icon href='data:,'>")
+
+        server = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        arg = {"runs": args.runs, "warmup": args.warmup,
+               "feeds": {k: {"type": "float32", "dims": list(v.shape),
+                             "data": base64.b64encode(v.astype("<f4").tobytes()).decode()} for k, v in feeds.items()}}
+        wrapped = f"""async (arg) => {{
+          const fn = {BENCH_JS};
+          let timer;
+          const limit = new Promise((_, reject) => {{ timer = setTimeout(
+            () => reject(new Error('the benchmark timed out after {args.timeout} s')), {int(args.timeout * 1000)}); }});
+          try {{ return await Promise.race([fn(arg), limit]); }} finally {{ clearTimeout(timer); }}
+        }}"""
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{port}/")
+                adapter = page.evaluate("""async () => { const a = await navigator.gpu?.requestAdapter();
+                  return a ? `${a.info.vendor} ${a.info.architecture}` : 'none'; }""")
+                try:
+                    res = page.evaluate(wrapped, arg)
+                except PlaywrightError as e:
+                    print(f"the benchmark failed in the page: {str(e).splitlines()[0]}", file=sys.stderr)
+                    return 1
+                finally:
+                    version = browser.version
+                    browser.close()
+        finally:
+            server.should_exit = True
+            thread.join(10)
+
+    webiree_js = Path(webiree.__file__).resolve().parents[1] / "web" / "webiree.js"
+    w_gz = gz(webiree_js)
+    o_gz = sum(gz(ORT_DIST / f) for f in ORT_FILES)
+    w, o = res["webiree"], res["ort"]
+    print(f"model {args.model}; Chromium {version}, WebGPU adapter {adapter}; {args.runs} timed runs after "
+          f"{args.warmup} warm-up runs")
+    print(f"{'':22}{'webiree':>12}{'ort-web':>12}{'ort/webiree':>13}")
+    for key, label in (("createMs", "session create (ms)"), ("firstRunMs", "first run (ms)"),
+                       ("medianMs", "median run (ms)"), ("minMs", "fastest run (ms)")):
+        print(f"{label:22}{w[key]:12.2f}{o[key]:12.2f}{o[key] / max(w[key], 1e-9):13.2f}")
+    print(f"{'runtime, gzipped (B)':22}{w_gz:12d}{o_gz:12d}{o_gz / w_gz:13.0f}")
+    print(f"outputs agree: max |webiree - ort| / max |ort| = {res['maxRelDiff']:.2e}")
+    print(json.dumps({"model": args.model, "webiree": w, "ort": o, "webiree_gz": w_gz, "ort_gz": o_gz,
+                      "max_rel_diff": res["maxRelDiff"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
