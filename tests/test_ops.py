@@ -172,3 +172,27 @@ def test_constant_folding_of_shape_subgraph(tmp_path):
                    {"zero": np.array(0, np.int64), "ax": np.array([0], np.int64), "minus1": np.array([-1], np.int64)})
     res = check_model(m, tmp_path)
     assert len(res.dispatches) == 1
+
+
+def test_elementwise_prologue_feeds_reduction_and_softmax(check):
+    """A lone elementwise producer is computed inside the reduction's loads (prologue fusion)."""
+    m = make_model([helper.make_node("Sigmoid", ["x"], ["s"]),
+                    helper.make_node("ReduceMean", ["s"], ["y"], axes=[1], keepdims=0),
+                    helper.make_node("Mul", ["x", "two"], ["x2"]),
+                    helper.make_node("Softmax", ["x2"], ["z"], axis=1),
+                    helper.make_node("Neg", ["x"], ["n"]),
+                    helper.make_node("MaxPool", ["n"], ["p"], kernel_shape=[2])],
+                   [vi("x", [3, 8, 5])], [vi("y", [3, 5]), vi("z", [3, 8, 5]), vi("p", [3, 8, 4])],
+                   {"two": np.array(2.0, np.float32)}, opset=17)
+    res = check(m)
+    assert len(res.dispatches) == 3
+
+
+def test_non_finite_constants_render_without_const_expressions(tmp_path):
+    """Tint rejects non-finite WGSL const-expressions; every inf/NaN literal goes through wi_f32()."""
+    import webiree
+    m = make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])], [vi("x", [1, 2, 4, 4])],
+                   [vi("y", [1, 2, 3, 3])], {})
+    res = webiree.compile(m, tmp_path)
+    text = "".join(t for _, t in res.shaders)
+    assert "wi_f32(0xff800000u)" in text and "bitcast<f32>(0xff800000u)" not in text.replace("return bitcast", "")

@@ -22,7 +22,8 @@ const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => Math
 // ONNX element type -> [tensor type name, typed array class]
 const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: ['int8', Int8Array],
   4: ['uint16', Uint16Array], 5: ['int16', Int16Array], 6: ['int32', Int32Array], 7: ['int64', BigInt64Array],
-  9: ['bool', Uint8Array], 11: ['float64', Float64Array], 12: ['uint32', Uint32Array]};
+  9: ['bool', Uint8Array], 11: ['float64', Float64Array], 12: ['uint32', Uint32Array],
+  13: ['uint64', BigUint64Array]};
 const ARRAY_OF = Object.fromEntries(Object.values(ONNX_TYPES));
 // limits the module records; "max_*" must not exceed the adapter's, "min_*" must be multiples of it
 const CHECKED = ['max_compute_invocations_per_workgroup', 'max_compute_workgroup_size_x',
@@ -62,7 +63,7 @@ export class Tensor {
       if (!type) fail('feed', 'cannot infer the tensor type of this data; pass the type first');
     }
     const Cls = ARRAY_OF[type] ?? fail('feed', `unsupported tensor type '${type}'`);
-    if (Array.isArray(data)) data = type === 'int64' ? BigInt64Array.from(data, BigInt) : Cls.from(data);
+    if (Array.isArray(data)) data = (type === 'int64' || type === 'uint64') ? Cls.from(data, BigInt) : Cls.from(data);
     if (!(data instanceof Cls)) fail('feed', `a '${type}' tensor needs a ${Cls.name}, got ${data?.constructor?.name}`);
     this.type = type;
     this.data = data;
@@ -397,6 +398,18 @@ export class InferenceSession {
       }
       return out;
     }
+    if (data instanceof BigUint64Array) {  // narrow to u32: the high word must be 0
+      const words = new Uint32Array(data.buffer, data.byteOffset, 2 * n);
+      const out = new Uint32Array(n);
+      for (let i = 0; i < n; i++) {
+        if (words[2 * i + 1] !== 0) {
+          fail('feed', `input '${io.name}' holds ${data[i]}, outside the uint32 range WebGPU can compute with`,
+            'uint64 inputs are narrowed to uint32; keep values below 2^32');
+        }
+        out[i] = words[2 * i];
+      }
+      return out;
+    }
     return io.dtype === 'i32' ? Int32Array.from(data) : Uint32Array.from(data);
   }
 
@@ -406,7 +419,7 @@ export class InferenceSession {
     const raw = io.dtype === 'f32' ? new Float32Array(bytes.buffer, bytes.byteOffset, n)
       : io.dtype === 'i32' ? new Int32Array(bytes.buffer, bytes.byteOffset, n) : new Uint32Array(bytes.buffer, bytes.byteOffset, n);
     let data;
-    if (Cls === BigInt64Array) data = BigInt64Array.from(raw, BigInt);
+    if (Cls === BigInt64Array || Cls === BigUint64Array) data = Cls.from(raw, BigInt);
     else if (type === 'bool') data = Uint8Array.from(raw, (v) => (v ? 1 : 0));
     else data = Cls.from(raw);
     return new Tensor(type, data, io.dims);
@@ -434,7 +447,7 @@ export class InferenceSession {
     d.pushErrorScope('validation');
     for (const i of this.uploads) {
       const io = m.inputs[i];
-      d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
+      if (encoded[i].byteLength) d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
     }
     const profile = options.profile && this.hasTimestamps && this.dispatchCount > 0;
     if (profile && !this._query) {

@@ -68,12 +68,28 @@ def freeze_inputs(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
     return m
 
 
+def _static_input_shapes(model: onnx.ModelProto) -> dict:
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {}
+    for vi in model.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = [d.dim_value for d in dims]
+    return shapes
+
+
 class _Compiled:
     """One compiled model: its session and the numpy types of its outputs."""
 
     def __init__(self, model: onnx.ModelProto, **compile_kw):
         import webiree
 
+        compile_kw = dict(compile_kw)
+        if "input_shapes" not in compile_kw:
+            # the model's own static dims, given explicitly so that 0 (an empty tensor) is taken as meant
+            compile_kw["input_shapes"] = _static_input_shapes(model)
         tmp = tempfile.mkdtemp(prefix="webiree-backend-")
         try:
             webiree.compile(model, tmp, **compile_kw)

@@ -22,7 +22,7 @@ from .hal_webgpu.interpreter import Interpreter
 from .module import ModuleFormatError, read_module
 
 NUMPY_OF_ONNX = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
-                 9: np.bool_, 12: np.uint32}
+                 9: np.bool_, 12: np.uint32, 13: np.uint64}
 ONNX_OF_NUMPY = {np.dtype(v): k for k, v in NUMPY_OF_ONNX.items()}
 
 
@@ -84,6 +84,9 @@ class InferenceSession:
             return np.ascontiguousarray(a, dtype="<f4").tobytes()
         if io.dtype == "bool":
             return np.ascontiguousarray(a, dtype="<u4").tobytes()
+        if a.dtype == np.uint64 and a.size and int(a.max()) >= (1 << 32):
+            raise FeedError(f"input {io.name!r} holds {int(a.max())}, outside the uint32 range WebGPU can compute "
+                            "with", hint="uint64 inputs are narrowed to uint32; keep values below 2^32")
         if a.dtype == np.int64 and a.size:
             lo, hi = int(a.min()), int(a.max())
             if lo < -(1 << 31) or hi >= (1 << 31):

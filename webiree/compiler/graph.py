@@ -5,7 +5,8 @@ tensor has a static shape once imported (symbolic input dims are pinned by the
 user); constants (initializers and folded values) are numpy arrays.
 
 Internal element types: 'f32', 'i32' (every ONNX integer type up to 32 bits,
-and int64 narrowed at the boundary), 'u32', 'bool' (stored as u32).
+and int64 narrowed at the boundary), 'u32' (uint32, and uint64 narrowed), 'bool'
+(stored as u32).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ONNX_TYPES = {
     TensorProto.UINT8: ("i32", np.uint8),
     TensorProto.UINT16: ("i32", np.uint16),
     TensorProto.UINT32: ("u32", np.uint32),
+    TensorProto.UINT64: ("u32", np.uint64),     # narrowed to u32 like int64 to i32
     TensorProto.BOOL: ("bool", np.bool_),
 }
 ONNX_TYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
@@ -42,9 +44,9 @@ def internal_of_numpy(dt: np.dtype) -> str | None:
         return "f32"
     if dt == np.bool_:
         return "bool"
-    if dt == np.uint32:
+    if dt == np.uint32 or dt == np.uint64:
         return "u32"
-    if dt.kind in "iu" and dt.itemsize <= 8 and dt != np.uint64:
+    if dt.kind in "iu" and dt.itemsize <= 8:
         return "i32"
     return None
 
@@ -58,6 +60,8 @@ class Node:
     attrs: dict                # attribute name -> python value (tensors as numpy, graphs as GraphProto)
     domain: str = ""
     proto: object = None       # the onnx NodeProto (for folding with the reference evaluator)
+    opset: int | None = None   # the default-domain opset this node is read at (nodes of an expanded
+                               # ONNX function keep the function's own); None: the graph's
 
     def attr(self, key, default=None):
         return self.attrs.get(key, default)

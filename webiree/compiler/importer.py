@@ -9,6 +9,7 @@ the file itself is a `ModelError`; a dim that cannot be resolved is a
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from onnx import helper, numpy_helper
 from ..errors import ModelError, ShapeError
 from .graph import Graph, Node, TensorType
 
-MIN_OPSET, MAX_OPSET = 7, 28   # up to what onnx 1.23 defines (ops added since raise Unsupported)
+MIN_OPSET, MAX_OPSET = 1, 28   # what onnx 1.23 defines; handlers reject legacy forms they cannot honour
 
 
 def load_model_proto(model) -> onnx.ModelProto:
@@ -82,6 +83,24 @@ def _dims(vi: onnx.ValueInfoProto):
     if not t.HasField("shape"):
         return None
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+_INFERENCE_ERROR = re.compile(r"\(op_type:(?P<op>[^,]*), node name: (?P<node>[^)]*)\): (?P<msg>.*)")
+_TYPE_ERROR = ("inconsistent type", "unsupported type", "type mismatch", "Type Error", "elem type")
+
+
+def _raise_type_error(text: str) -> None:
+    """Raise the first element-type error ONNX's strict shape inference reported (a ModelError naming
+    the node); other inference failures are left to our own shape rules, which are more permissive."""
+    for line in text.splitlines():
+        m = _INFERENCE_ERROR.search(line)
+        if not m:
+            continue
+        msg = m.group("msg").replace("[TypeInferenceError] ", "").replace("[ShapeInferenceError] ", "").strip()
+        if any(k in msg for k in _TYPE_ERROR) and "expected to have type but instead is null" not in msg:
+            raise ModelError(f"element types do not fit the op: {msg[:300]}", node=m.group("node") or None,
+                             op=m.group("op"), hint="the inputs' element types break the op's ONNX type "
+                                                    "constraints; re-export the model or insert a Cast")
 
 
 def import_model(model, input_shapes: dict | None = None) -> Graph:
@@ -151,9 +170,14 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
                          hint=f"pin every symbolic dim, e.g. {example}")
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-    except Exception:
-        inferred = proto  # our own shape rules still run during lowering
+        # strict first: it reports type errors (an Add of float and int64, bool Gather indices)
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as e:
+        _raise_type_error(str(e))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        except Exception:
+            inferred = proto  # our own shape rules still run during lowering
     types: dict[str, TensorType] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         if not vi.type.HasField("tensor_type"):

@@ -6,10 +6,18 @@ goes to its op's handler in `ops/`, found by name (DESIGN.md contract 1). A
 handler computes its output shapes (the op's shape rule) and emits canonical
 ops through the `Lowering` context below.
 
+An op without a handler (or a variant its handler refuses) that ONNX defines
+as a function of other ops (Attention, the losses, RMSNormalization, ...) is
+replaced by that function's body, read at the function's own opset (see
+`expand.py`), and its nodes are lowered in its place. A handler may do the
+same with `ctx.expand(nodes)` (If on a constant condition inlines a branch).
+
 Every unsupported node is collected and reported in one error.
 """
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import onnx
@@ -18,8 +26,9 @@ from onnx import helper
 from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, WebireeError
 from ..wgsl_codegen import kir
 from ..wgsl_codegen.kir import Expr
+from .expand import expand_function
 from .graph import ONNX_TYPE_NAMES, Graph, Node, internal_dtype, internal_of_numpy
-from .program import Generic, Op, Program, Tensor, coords_of, flat_of, numel
+from .program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
 from .program import O as OUT_INDEX
 
 MAX_ELEMENTS = (1 << 31) - 1         # i32 index math
@@ -41,6 +50,11 @@ def to_internal_array(a: np.ndarray, what: str) -> np.ndarray:
             raise ShapeError(f"constant {what!r} holds int64 values outside the int32 range WGSL can hold",
                              hint="such values must only be used by ops that are folded at compile time")
         return a.astype(np.int32)
+    if dt == "u32" and a.dtype != np.uint32:
+        if a.size and int(a.max()) >= (1 << 32):
+            raise ShapeError(f"constant {what!r} holds uint64 values outside the uint32 range WGSL can hold",
+                             hint="such values must only be used by ops that are folded at compile time")
+        return a.astype(np.uint32)
     if dt == "bool":
         return a.astype(np.bool_)
     return a
@@ -58,6 +72,7 @@ class Lowering:
         self._op_names: set[str] = set()
         self.pad_info: dict[str, tuple] = {}   # zero-Pad output -> (its input, spatial pads)
         self.bad_inputs: list[tuple[str, str]] = []   # inputs of types WebGPU cannot hold
+        self.pending: list[Node] = []     # nodes a handler asked to lower in its place (see `expand`)
         for name in graph.inputs:
             t = graph.types[name]
             dt = internal_dtype(t.elem_type)
@@ -92,6 +107,15 @@ class Lowering:
             return dt or "f32"
         self.shape(name)
         return self.tensors[name].dtype
+
+    @property
+    def opset(self) -> int:
+        """The opset the current node is read at (its attributes and input forms)."""
+        return (self.node.opset if self.node is not None and self.node.opset else None) or self.graph.opset
+
+    def expand(self, nodes: list) -> None:
+        """Lower these nodes in place of the current one (a decomposition, an inlined subgraph)."""
+        self.pending.extend(nodes)
 
     def rank(self, name: str) -> int:
         return len(self.shape(name))
@@ -200,6 +224,14 @@ class Lowering:
 
     def anchor(self, op: Op, shape, dtype: str = "f32") -> None:
         """Register an anchor op (MatMul, Conv, ...) writing a new tensor."""
+        from .ops import Unsupported
+        float_only = {MatMul: ("a", "b"), Conv: ("x", "w"), Softmax: ("x",), LayerNorm: ("x", "scale", "bias")}
+        fields = float_only.get(type(op), ("x",) if isinstance(op, Pool) and op.mode != "max" else ())
+        for f in fields:
+            t = getattr(op, f)
+            if t and self.dtype(t) != "f32":
+                raise Unsupported(f"{type(op).__name__} on {self.dtype(t)} tensors ({t!r}); its kernels compute "
+                                  f"in float32 (insert a Cast to float)")
         self._new(op.out, shape, dtype)
         op.name = self.op_name(op.name or self.node.name)
         self.ops.append(op)
@@ -254,7 +286,7 @@ def check_fold_size(node: Node, values: list, opset: int, known: dict) -> None:
                              hint="the constant inputs of this node ask for an enormous tensor; check them")
 
 
-def fold_node(node: Node, values: list, opset: int) -> list[np.ndarray]:
+def fold_node(node: Node, values: list, opset: int, domain: str = "") -> list[np.ndarray]:
     """Evaluate one node on constant inputs with onnx's reference evaluator."""
     from onnx.reference import ReferenceEvaluator
 
@@ -264,7 +296,10 @@ def fold_node(node: Node, values: list, opset: int) -> list[np.ndarray]:
             inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
     outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
     g = helper.make_graph([node.proto], "fold", inputs, outputs)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    imports = [helper.make_opsetid("", opset)]
+    if domain not in ("", "ai.onnx"):
+        imports.append(helper.make_opsetid(domain, 1))
+    m = helper.make_model(g, opset_imports=imports)
     feeds = {n: v for n, v in zip(node.inputs, values) if n}
     res = ReferenceEvaluator(m).run(None, feeds)
     return [np.asarray(r) for r in res]
@@ -278,9 +313,12 @@ def lower(graph: Graph) -> Program:
         (name, "graph input", f"element type {type_name} (use float32, int32, int64 or bool)")
         for name, type_name in ctx.bad_inputs]
     blocked: set[str] = {name for name, _ in ctx.bad_inputs}
-    for node in graph.nodes:
+    queue = collections.deque(graph.nodes)
+    while queue:
+        node = queue.popleft()
         ctx.node = node
-        if node.domain not in ("", "ai.onnx"):
+        ctx.pending = []
+        if node.domain not in ("", "ai.onnx") and not registry.OPS.get(f"{node.domain}.{node.op}"):
             unsupported.append((node.name, f"{node.domain}.{node.op}", "custom domain"))
             blocked.update(node.outputs)
             continue
@@ -291,14 +329,14 @@ def lower(graph: Graph) -> Program:
             if i and not ctx.has(i):
                 raise ModelError(f"input {i!r} is not produced by any earlier node, initializer or graph input",
                                  node=node.name, op=node.op, hint="the graph is malformed; re-export it")
-        handler = registry.OPS.get(node.op)
+        handler = registry.OPS.get(node.op if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op}")
         all_const = all(ctx.const(i) is not None for i in node.inputs if i)
         try:
             if all_const and node.op not in NONDETERMINISTIC and not registry.never_fold(node.op):
                 args = [ctx.const(i) if i else None for i in node.inputs]
-                check_fold_size(node, args, graph.opset, graph.types)
+                check_fold_size(node, args, ctx.opset, graph.types)
                 try:
-                    values = fold_node(node, args, graph.opset)
+                    values = fold_node(node, args, ctx.opset, node.domain)
                 except Exception as e:
                     if handler is None:
                         raise ModelError(f"cannot evaluate constant node: {str(e).splitlines()[0][:200]}",
@@ -309,13 +347,25 @@ def lower(graph: Graph) -> Program:
                         ctx.set_const(o, v)
                 continue
             if handler is None:
-                unsupported.append((node.name, node.op, "not implemented"))
-                blocked.update(node.outputs)
+                body = expand_function(ctx, node)
+                if body is None:
+                    unsupported.append((node.name, node.op, "not implemented"))
+                    blocked.update(node.outputs)
+                    continue
+                queue.extendleft(reversed(body))
                 continue
             handler(ctx, node)
+            if ctx.pending:
+                queue.extendleft(reversed(ctx.pending))
+                continue
         except registry.Unsupported as e:
-            unsupported.append((node.name, node.op, str(e)))
-            blocked.update(node.outputs)
+            # a variant the handler cannot do may still have an ONNX function decomposition
+            body = expand_function(ctx, node) if not any(ctx.has(o) for o in node.outputs if o) else None
+            if body is None:
+                unsupported.append((node.name, node.op, str(e)))
+                blocked.update(node.outputs)
+                continue
+            queue.extendleft(reversed(body))
             continue
         except WebireeError as e:
             if e.node is None:

@@ -15,9 +15,9 @@ import sys
 from ..errors import FeedError
 
 ONNX_TYPE_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-                   9: "bool", 10: "float16", 11: "float64", 12: "uint32"}
+                   9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
 # ONNX type -> array typecode of its host representation
-HOST_CODES = {1: "f", 2: "B", 3: "b", 4: "H", 5: "h", 6: "i", 7: "q", 9: "B", 12: "I"}
+HOST_CODES = {1: "f", 2: "B", 3: "b", 4: "H", 5: "h", 6: "i", 7: "q", 9: "B", 12: "I", 13: "Q"}
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -68,6 +68,11 @@ def encode_input(io, data, onnx_type: int | None = None) -> bytes:
             raise FeedError(f"input {io.name!r} holds {bad}, outside the int32 range WebGPU can compute with",
                             hint="int64 inputs are narrowed to int32; keep values within +-2^31")
         out = array.array("i", a)
+    elif io.dtype == "u32":
+        if code == "Q" and n and max(a) > 0xFFFFFFFF:
+            raise FeedError(f"input {io.name!r} holds {max(a)}, outside the uint32 range WebGPU can compute with",
+                            hint="uint64 inputs are narrowed to uint32; keep values below 2^32")
+        out = array.array("I", a)
     else:  # bool
         out = array.array("I", (1 if v else 0 for v in a))
     if sys.byteorder != "little":

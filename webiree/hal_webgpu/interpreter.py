@@ -112,7 +112,8 @@ class Interpreter:
             data = feeds[io.name]
             if len(data) != io.size:
                 raise FeedError(f"input {io.name!r} has {len(data)} bytes, expected {io.size}")
-            d.write_buffer(buf, off, data)
+            if len(data):   # an empty tensor has nothing to upload
+                d.write_buffer(buf, off, data)
         times = await d.submit(self.items, profile)
         raw = await d.read_buffer(self.readback, 0, max(self.readback_size, 4))
         raw = memoryview(raw)

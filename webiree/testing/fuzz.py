@@ -357,6 +357,88 @@ def mut_folding_bomb(m, rng):
     return f"{how} folding to {dims}", _ser(m)
 
 
+def _available(m, before_node):
+    """Tensor names usable as inputs of the node at position `before_node` (topological order kept)."""
+    names = [vi.name for vi in m.graph.input] + [t.name for t in m.graph.initializer]
+    for n in m.graph.node[:before_node]:
+        names += [o for o in n.output if o]
+    return names
+
+
+def mut_rewire(m, rng):
+    """Connect a node input to another existing tensor: valid ONNX syntax, wrong shapes or types."""
+    candidates = [i for i, n in enumerate(m.graph.node) if len(n.input)]
+    i = rng.choice(candidates)
+    n = m.graph.node[i]
+    j = rng.randrange(len(n.input))
+    old = n.input[j]
+    n.input[j] = rng.choice(_available(m, i))
+    return f"input {j} of {n.op_type} {n.name}: {old} -> {n.input[j]}", _ser(m)
+
+
+def _random_array(rng):
+    import numpy as np
+    shape = [rng.choice([0, 1, 1, 2, 3, 5, 16]) for _ in range(rng.choice([0, 1, 1, 2, 3, 4]))]
+    dtype = rng.choice([np.float32, np.float32, np.int64, np.int32, np.bool_, np.float16, np.float64, np.uint8])
+    a = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(shape) * 4
+    return a.astype(dtype)
+
+
+def mut_initializer_replace(m, rng):
+    """A well-formed initializer of another shape and element type under the same name."""
+    from onnx import numpy_helper
+    t = rng.choice(list(m.graph.initializer))
+    a = _random_array(rng)
+    t.CopyFrom(numpy_helper.from_array(a, t.name))
+    return f"initializer {t.name} -> {a.dtype} {list(a.shape)}", _ser(m)
+
+
+def mut_constant_input(m, rng):
+    """Replace a node input by a Constant node of random shape and type (exercises folding)."""
+    from onnx import numpy_helper
+    i = rng.choice([i for i, n in enumerate(m.graph.node) if len(n.input)])
+    n = m.graph.node[i]
+    j = rng.randrange(len(n.input))
+    a = _random_array(rng)
+    c = helper.make_node("Constant", [], [f"fuzz_const_{i}_{j}"], name=f"fuzz_const_{i}_{j}",
+                         value=numpy_helper.from_array(a))
+    n.input[j] = c.output[0]
+    m.graph.node.insert(i, c)
+    return f"input {j} of {n.op_type} {n.name} -> Constant {a.dtype} {list(a.shape)}", _ser(m)
+
+
+def mut_attr_remove(m, rng):
+    n = _pick_node(m, rng, lambda n: len(n.attribute) > 0)
+    if not n.attribute:
+        return mut_attr_bad_value(m, rng)
+    j = rng.randrange(len(n.attribute))
+    name = n.attribute[j].name
+    del n.attribute[j]
+    return f"{n.op_type} {n.name}: attribute {name} removed", _ser(m)
+
+
+def mut_outputs(m, rng):
+    """Graph outputs that are intermediates, inputs, initializers, or listed twice."""
+    how = rng.choice(["intermediate", "input", "initializer", "twice", "none"])
+    if how == "none":
+        del m.graph.output[:]
+        return "no graph outputs", _ser(m)
+    if how == "twice":
+        o = onnx.ValueInfoProto()
+        o.CopyFrom(m.graph.output[0])
+        m.graph.output.append(o)
+        return f"output {o.name} listed twice", _ser(m)
+    if how == "intermediate":
+        name = rng.choice([o for n in m.graph.node for o in n.output])
+    elif how == "input":
+        name = _inputs(m)[0].name
+    else:
+        name = rng.choice(list(m.graph.initializer)).name
+    m.graph.output.append(helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
+                          if rng.random() < 0.5 else helper.make_empty_tensor_value_info(name))
+    return f"{how} {name} made a graph output", _ser(m)
+
+
 MUTATIONS = {
     "truncate": mut_truncate,
     "flip_bytes": mut_flip_bytes,
@@ -375,6 +457,11 @@ MUTATIONS = {
     "opset": mut_opset,
     "op_swap": mut_op_swap,
     "folding_bomb": mut_folding_bomb,
+    "rewire": mut_rewire,
+    "initializer_replace": mut_initializer_replace,
+    "constant_input": mut_constant_input,
+    "attr_remove": mut_attr_remove,
+    "graph_outputs": mut_outputs,
 }
 
 

@@ -49,6 +49,9 @@ class Binder:
         return f"b{self.slots.index(tensor)}"
 
     def dtype(self, tensor: str) -> str:
+        """Element type of an input, also when a fused prologue computes it."""
+        if tensor in self.prologues:
+            return self.prologues[tensor].dtype
         return self.prog.tensors[self.prog.root(tensor)].dtype
 
     def load(self, tensor: str, index) -> kir.Expr:
@@ -339,7 +342,7 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
     S = numel(out_sp)
     nd = len(in_sp)
     total = N * C * S
-    dt = prog.tensors[op.x].dtype
+    dt = b.dtype(op.x)
     t = lvar("t", "i32")
     ocoords = P.coords_of(t % S if S > 1 else i32(0), out_sp)
     work = [Let("nc", t // S)]
@@ -431,7 +434,7 @@ def _strided_loop(var_name, r, wg, body):
 def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
     wg = cfg.workgroup_size[0]
     rows = op.outer * op.inner
-    dt = prog.tensors[op.x].dtype
+    dt = b.dtype(op.x)
     base, row = lvar("base", "i32"), lvar("row", "i32")
     rv = lvar("r", "i32")
     elem = b.load(op.x, base + rv * op.inner)

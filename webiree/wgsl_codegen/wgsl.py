@@ -34,6 +34,9 @@ BUILTIN_CALL = {
 
 # Helpers emitted only when a kernel uses them.
 HELPERS = {
+    "wi_f32": """fn wi_f32(bits: u32) -> f32 {
+  return bitcast<f32>(bits);
+}""",
     # Abramowitz & Stegun 7.1.26 has 1.5e-7 absolute error; erf is odd.
     "wi_erf": """fn wi_erf(x: f32) -> f32 {
   let a = abs(x);
@@ -52,10 +55,12 @@ HELPERS = {
 
 
 def f32_literal(v: float) -> str:
+    # Non-finite values go through a function call: WGSL const-expressions must be
+    # finite, and Tint (Chromium) rejects even bitcast<f32>(0x7f800000u).
     if math.isnan(v):
-        return "bitcast<f32>(0x7fc00000u)"
+        return "wi_f32(0x7fc00000u)"
     if math.isinf(v):
-        return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+        return "wi_f32(0x7f800000u)" if v > 0 else "wi_f32(0xff800000u)"
     if v == 0.0 and math.copysign(1.0, v) < 0:
         return "bitcast<f32>(0x80000000u)"
     # subnormals are flushed by some drivers; write them exactly anyway
@@ -94,7 +99,10 @@ class _Renderer:
             return got
         op, a = e.op, e.args
         if op == "const":
-            return literal(e)
+            text = literal(e)
+            if text.startswith("wi_f32"):
+                self.helpers.add("wi_f32")
+            return text
         if op == "var":
             return e.attr
         if op == "load":

@@ -53,4 +53,4 @@ def const_scalar(ctx, node, index: int, attr: str | None = None, default=None):
     return default
 
 
-ONNX_TO_INTERNAL = {1: "f32", 6: "i32", 7: "i32", 5: "i32", 3: "i32", 2: "i32", 4: "i32", 12: "u32", 9: "bool"}
+ONNX_TO_INTERNAL = {1: "f32", 6: "i32", 7: "i32", 5: "i32", 3: "i32", 2: "i32", 4: "i32", 12: "u32", 13: "u32", 9: "bool"}

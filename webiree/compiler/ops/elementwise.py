@@ -159,7 +159,7 @@ BINARY = {
     "Mul": lambda a, b, n: a * b,
     "Div": lambda a, b, n: a / b if a.dtype == "f32" else select(kir.binary("eq", b, kir.const(0, b.dtype)),
                                                                  kir.const(0, a.dtype), a / b),
-    "Pow": lambda a, b, n: _pow(a, b) if a.dtype == "f32" else kir.cast(
+    "Pow": lambda a, b, n: _pow(a, kir.cast(b, "f32")) if a.dtype == "f32" else kir.cast(
         kir.unary("round", _pow(kir.cast(a, "f32"), kir.cast(b, "f32"))), a.dtype),
     "Mod": lambda a, b, n: _mod(a, b, n.attr("fmod", 0)),
     "And": lambda a, b, n: kir.binary("and", a, b),
@@ -233,7 +233,7 @@ def clip(ctx, node):
     x = node.inputs[0]
     dt = ctx.dtype(x)
     lo_name, hi_name = node.input(1), node.input(2)
-    if ctx.graph.opset < 11:
+    if ctx.opset < 11:
         lo = kir.const(node.attr("min", -3.4028234663852886e38), dt)
         hi = kir.const(node.attr("max", 3.4028234663852886e38), dt)
         lo_name = hi_name = ""
@@ -257,11 +257,15 @@ def cast(ctx, node):
     if node.op == "Cast":
         to = node.attr("to")
     else:
-        to = ctx.graph.types[node.inputs[1]].elem_type if node.inputs[1] in ctx.graph.types else None
+        like = node.inputs[1]
+        to = ctx.graph.types[like].elem_type if like in ctx.graph.types else ctx.onnx_types.get(like)
         if to is None:
-            c = ctx.const(node.inputs[1])
-            to = {np.dtype(np.float32): 1, np.dtype(np.int64): 7, np.dtype(np.int32): 6,
-                  np.dtype(np.bool_): 9}.get(c.dtype if c is not None else None)
+            c = ctx.const(like)
+            if c is not None:
+                from onnx import helper
+                to = helper.np_dtype_to_tensor_dtype(c.dtype)
+            else:   # an intermediate whose ONNX type inference did not record: its storage type says enough
+                to = {"f32": 1, "i32": 6, "u32": 12, "bool": 9}[ctx.dtype(like)]
     target = ONNX_TO_INTERNAL.get(to)
     if target is None:
         raise Unsupported(f"Cast to ONNX type {to} (WebGPU computes in 32-bit types)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...wgsl_codegen import kir
 from ..program import LayerNorm, Reduce, Softmax
 from . import Unsupported, register
 from .common import const_ints, norm_axis
@@ -24,7 +25,7 @@ def _split3(shape, first: int, last: int):
 def softmax(ctx, node):
     x = node.inputs[0]
     s = ctx.shape(x)
-    if ctx.graph.opset < 13:
+    if ctx.opset < 13:
         axis = norm_axis(node.attr("axis", 1), len(s))
         outer, r, inner = _split3(s, axis, len(s))
     else:
@@ -52,7 +53,7 @@ def reduce(ctx, node):
     if mode in ("argmax", "argmin"):
         axes = [norm_axis(node.attr("axis", 0), rank)]
     else:
-        uses_input = node.op == "ReduceSum" and ctx.graph.opset >= 13 or ctx.graph.opset >= 18
+        uses_input = node.op == "ReduceSum" and ctx.opset >= 13 or ctx.opset >= 18
         axes = const_ints(ctx, node, 1) if uses_input else node.attr("axes")
         if uses_input and node.input(1) == "" and axes is None:
             axes = None
@@ -62,8 +63,16 @@ def reduce(ctx, node):
                 return
             axes = list(range(rank))
         axes = sorted({norm_axis(a, rank) for a in axes})
+        if not axes:   # a scalar: nothing to reduce
+            ctx.generic(node.outputs[0], s, ctx.dtype(x), lambda cs: ctx.read(x, cs))
+            return
     dt = "i32" if mode in ("argmax", "argmin") else ctx.dtype(x)
-    if ctx.dtype(x) != "f32" and mode not in ("sum", "max", "min", "prod", "argmax", "argmin"):
+    if ctx.dtype(x) == "bool" and mode in ("max", "min", "argmax", "argmin", "sum", "prod"):
+        # reduce bools as 0/1 integers
+        as_int = ctx.temp("as_int")
+        ctx.generic(as_int, s, "i32", lambda cs: kir.cast(ctx.read(x, cs), "i32"))
+        x = as_int
+    elif ctx.dtype(x) != "f32" and mode not in ("sum", "max", "min", "prod", "argmax", "argmin"):
         raise Unsupported(f"{node.op} on {ctx.dtype(x)} tensors")
     out_keep = [1 if i in axes else d for i, d in enumerate(s)]
     out_shape = out_keep if keep else [d for i, d in enumerate(s) if i not in axes]
@@ -85,10 +94,21 @@ def reduce(ctx, node):
         outer, r, inner = _split3(s, axes[0], axes[-1] + 1)
     op = Reduce(name=node.name, out=ctx.temp("red"), nodes=[node.name], x=ctx.buffer(src), mode=mode,
                 outer=outer, r=r, inner=inner, select_last=bool(node.attr("select_last_index", 0)))
-    ctx.anchor(op, out_keep, dt)
+    ctx.anchor(op, out_keep, ctx.dtype(src) if mode not in ("argmax", "argmin") else "i32")
     if mode in ("argmax", "argmin"):
         ctx.onnx_types[node.outputs[0]] = 7
+    if dt == "bool":
+        ctx.generic(node.outputs[0], out_shape, "bool",
+                    # > 0, not != 0: an empty max (INT_MIN) is false, an empty min (INT_MAX) true
+                    lambda cs: ctx.read(op.out, list(cs) if keep else _reinsert(cs, axes, rank)) > 0)
+        return
     ctx.view(node.outputs[0], op.out, out_shape)
+
+
+def _reinsert(cs, axes, rank):
+    """Coordinates of a keepdims shape from those of the reduced shape."""
+    it = iter(cs)
+    return [kir.i32(0) if i in axes else next(it) for i in range(rank)]
 
 
 @register("LayerNormalization")

@@ -21,8 +21,8 @@ from .common import norm_axis
 
 def _params(ctx, node, shape):
     rank = len(shape)
-    if node.op == "Upsample" or ctx.graph.opset < 11:
-        scales_name = node.input(1) if node.op == "Upsample" or ctx.graph.opset >= 9 else ""
+    if node.op == "Upsample" or ctx.opset < 11:
+        scales_name = node.input(1) if node.op == "Upsample" or ctx.opset >= 9 else ""
         scales = ctx.const(scales_name) if scales_name else np.array(node.attr("scales"), np.float32)
         if scales is None:
             raise Unsupported("scales must be a compile-time constant")
@@ -111,7 +111,7 @@ def resize(ctx, node):
     if out_shape is None:
         out_shape = [int(math.floor(d * s)) for d, s in zip(shape, scales)]
     mode = node.attr("mode", "nearest")
-    ctm = node.attr("coordinate_transformation_mode", "half_pixel" if node.op == "Resize" and ctx.graph.opset >= 11
+    ctm = node.attr("coordinate_transformation_mode", "half_pixel" if node.op == "Resize" and ctx.opset >= 11
                     else "asymmetric")
     nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
     cubic_a = float(node.attr("cubic_coeff_a", -0.75))

@@ -48,7 +48,10 @@ def reshape(ctx, node):
 def flatten(ctx, node):
     x = node.inputs[0]
     s = ctx.shape(x)
-    axis = norm_axis(node.attr("axis", 1), len(s) + 1)
+    axis = node.attr("axis", 1)
+    axis = axis + len(s) if axis < 0 else axis
+    if not 0 <= axis <= len(s):
+        raise ShapeError(f"Flatten axis {node.attr('axis')} is out of range for rank {len(s)}")
     ctx.view(node.outputs[0], x, (int(np.prod(s[:axis])), int(np.prod(s[axis:]))))
 
 
@@ -145,7 +148,7 @@ def concat(ctx, node):
 
 
 def _slice_params(ctx, node, shape):
-    if ctx.graph.opset < 10:
+    if ctx.opset < 10:
         starts, ends = node.attr("starts"), node.attr("ends")
         axes, steps = node.attr("axes"), None
     else:
@@ -224,7 +227,7 @@ def tile(ctx, node):
 
 
 def pad_params(ctx, node, rank):
-    if ctx.graph.opset < 11:
+    if ctx.opset < 11:
         pads = list(node.attr("pads"))
         value = node.attr("value", 0.0)
     else:
@@ -235,8 +238,9 @@ def pad_params(ctx, node, rank):
         if node.input(2):
             c = ctx.const(node.input(2))
             if c is None:
-                raise Unsupported("Pad constant_value must be a compile-time constant")
-            value = np.asarray(c).reshape(-1)[0].item() if c.size else 0
+                value = node.input(2)     # read at run time (a tensor name)
+            else:
+                value = np.asarray(c).reshape(-1)[0].item() if c.size else 0
     axes = const_ints(ctx, node, 3)
     if axes is not None:
         full = [0] * (2 * rank)
@@ -260,7 +264,7 @@ def pad(ctx, node):
         return
     out_shape = [d + pads[i] + pads[rank + i] for i, d in enumerate(s)]
     dt = ctx.dtype(x)
-    if mode == "constant" and value == 0 and rank >= 3 and not any(pads[:2] + pads[rank:rank + 2]):
+    if mode == "constant" and not isinstance(value, str) and value == 0 and rank >= 3 and not any(pads[:2] + pads[rank:rank + 2]):
         # a Conv reading this pad can take it as its own padding (see Lowering.pad_source)
         ctx.pad_info[node.outputs[0]] = (x, list(pads[2:rank]) + list(pads[rank + 2:]))
 
@@ -290,7 +294,7 @@ def pad(ctx, node):
             src.append(j)
         v = ctx.read(x, src)
         if mode == "constant":
-            v = select(inside, v, kir.const(value, dt))
+            v = select(inside, v, ctx.read_flat(value, kir.i32(0)) if isinstance(value, str) else kir.const(value, dt))
         return v
     ctx.generic(node.outputs[0], out_shape, dt, rule)
 
