@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything webiree needs on a fresh Debian machine (run as root):
 # system packages (Vulkan on the CPU, Chromium, SPIR-V tools), a .venv at the
-# repo root with webiree installed in editable mode plus its test extra.
+# repo root with webiree installed in editable mode plus its test extra, and
+# the pinned Pyodide (npm) in node_modules/ for python.html (Python in the browser).
 #   bash scripts/setup.sh            runtime + tests
 #   bash scripts/setup.sh --models   also torch/transformers, to export the seed models
 set -euo pipefail
@@ -13,6 +14,7 @@ for a in "$@"; do [ "$a" = "--models" ] && models=1; done
 pkgs=(mesa-vulkan-drivers libvulkan1 chromium spirv-tools)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   apt-get update -qq
@@ -24,4 +26,11 @@ extras="test"
 [ "$models" = 1 ] && extras="test,models"
 .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -vE "^WARNING: (Location|Skipping)" || true
 .venv/bin/python -c "import webiree, wgpu, onnx" || { echo "setup: the Python install failed" >&2; exit 1; }
+# Pyodide for python.html: the version pinned in webiree/bundler/pyodide.py, from npm (never a CDN)
+pyodide_version=$(sed -n 's/^PYODIDE_VERSION = "\(.*\)"$/\1/p' webiree/bundler/pyodide.py)
+have=$(node -p "require('./node_modules/pyodide/package.json').version" 2>/dev/null || true)
+if [ "$have" != "$pyodide_version" ]; then
+  echo "setup: installing pyodide@$pyodide_version into node_modules/"
+  npm install --no-save --no-package-lock --no-audit --no-fund --loglevel=error "pyodide@$pyodide_version" >/dev/null
+fi
 echo "setup: ready (.venv with webiree $(.venv/bin/python -c 'import webiree; print(webiree.__version__)'))"

@@ -51,7 +51,7 @@ EXCLUSIONS = {
     "training op": "ops of the ai.onnx.preview.training domain (gradients, optimizers)",
     "sequence/optional/map/string types": "inputs, outputs or ops on values that are not numeric tensors",
     "64-bit float required": "float64 inputs or outputs (WGSL has no f64)",
-    "float16/bfloat16/float8/int4 types": "narrow float and sub-byte types at the boundary or in casts "
+    "float16/bfloat16/float8/int4 types": "narrow float and sub-byte types in the inputs, outputs or constants "
                                           "(kernels compute in f32/i32/u32 only)",
     "64-bit integers beyond int32": "int64/uint64 values outside the 32-bit range WGSL computes with",
     "random numbers": "outputs drawn from a random generator (cannot match the reference bit for bit)",
@@ -214,8 +214,6 @@ def exclusion_reason(model, data_sets) -> str | None:
         if n.op_type in NON_TENSOR_OPS:
             return "sequence/optional/map/string types"
         for a in n.attribute:
-            if a.name == "to" and a.type == onnx.AttributeProto.INT:
-                elem_types.add(a.i)
             if a.type == onnx.AttributeProto.TENSOR:
                 elem_types.add(a.t.data_type)
             if a.type in (onnx.AttributeProto.STRING, onnx.AttributeProto.STRINGS) and \

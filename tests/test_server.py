@@ -599,3 +599,69 @@ def test_real_server_traversal_and_concurrent_ranges(site):
         # Still alive and well.
         status, reply = raw_request(srv.port, "/app.js")
         assert status == 200 and reply.endswith(FILES["app.js"])
+
+
+# --------------------------------------------------------------------------
+# A real build: the weights file under concurrent Range requests
+
+
+def test_real_build_weights_under_200_concurrent_ranges(tmp_path):
+    """Serve an actual `webiree.compile` output over loopback: 200 concurrent Range requests
+    for weights.bin (the file a browser runtime fetches in slices), every slice checked byte
+    for byte; traversal and non-GET/HEAD methods refused on the same live server."""
+    import webiree
+    from webiree.testing import models
+
+    site = tmp_path / "site"
+    webiree.compile(models.mlp(sizes=(256, 512, 10)), site)
+    (tmp_path / "secret.txt").write_bytes(SECRET)
+    weights = (site / "weights.bin").read_bytes()
+    size = len(weights)
+    assert size > 500_000
+    rng = random.Random(5)
+    requests = []
+    for _ in range(200):
+        form = rng.choice(["a-b", "a-", "-n", "page"])
+        if form == "a-b":
+            start = rng.randrange(size)
+            end = min(start + rng.randrange(1, 64 * 1024), size - 1)
+        elif form == "a-":
+            start, end = rng.randrange(size - 4096, size), size - 1
+        elif form == "-n":
+            n = rng.randrange(1, 8192)
+            start, end = size - n, size - 1
+        else:                                   # one 256-aligned page, as the runtime asks
+            start = rng.randrange(size // 256) * 256
+            end = min(start + 255, size - 1)
+        header = {"a-b": f"bytes={start}-{end}", "page": f"bytes={start}-{end}", "a-": f"bytes={start}-",
+                  "-n": f"bytes=-{size - start}"}[form]
+        requests.append((header, start, end))
+
+    with RunningServer(create_app(site)) as srv:
+        def fetch(item):
+            header, start, end = item
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=20)
+            try:
+                conn.request("GET", "/weights.bin", headers={"Range": header})
+                r = conn.getresponse()
+                return r.status, r.getheader("Content-Range"), r.read(), start, end
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            results = list(pool.map(fetch, requests, timeout=45))
+        assert len(results) == 200
+        for status, content_range, body, start, end in results:
+            assert status == 206
+            assert content_range == f"bytes {start}-{end}/{size}"
+            assert body == weights[start:end + 1]
+
+        for target in ["/../secret.txt", "/%2e%2e/secret.txt", "/%2e%2e%2fsecret.txt", "//etc/passwd",
+                       "/" + str(tmp_path / "secret.txt")]:
+            status, reply = raw_request(srv.port, target)
+            assert status in (400, 403, 404) and SECRET not in reply, target
+        for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"):
+            status, reply = raw_request(srv.port, "/weights.bin", method)
+            assert status == 405, (method, reply[:200])
+        status, reply = raw_request(srv.port, "/model.wrm", "HEAD")
+        assert status == 200 and reply.endswith(b"\r\n\r\n")

@@ -40,7 +40,7 @@ def cmd_build(args) -> int:
     t0 = time.perf_counter()
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
-                validate=not args.no_validate, dump_after=dump)
+                validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limits", default="default", choices=["default", "adapter"],
                    help="size kernels for WebGPU's default limits (runs anywhere) or this machine's adapter")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
+    b.add_argument("--pyodide", action="store_true",
+                   help="copy Pyodide into the site (pyodide/, 13 MB) so python.html runs offline")
     b.add_argument("--dump-after", action="append", choices=["import", "lower", "fuse", "memory", "kernels"],
                    help="print a stage's product")
     b.set_defaults(fn=cmd_build)

@@ -38,21 +38,61 @@ SHAPE_PARAMETERS = {
     "ReduceSumSquare": (1,), "OneHot": (1,), "CumSum": (1,), "CumProd": (1,), "Range": (0, 1, 2),
     "CenterCropPad": (1, 2), "Col2Im": (1, 2), "DFT": (1, 2), "AffineGrid": (1,),
     "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1, 2, 3, 4),
-    "STFT": (1, 3),
+    "STFT": (1, 3), "MaxUnpool": (2,),
+    "Loop": (0, 1),          # the trip count and the initial condition decide how many iterations (and outputs)
 }
+# ops that read only the *shape* of their input: a shape computed from them does not depend on its values
+SHAPE_ONLY = {"Shape", "Size"}
+
+
+def _uses(node) -> list[str]:
+    """The tensors a node reads: its inputs and what its subgraphs read from the enclosing scope."""
+    used = [i for i in node.input if i]
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local.update(n.output)
+            for n in g.node:
+                used.extend(x for x in _uses(n) if x not in local)
+            used.extend(o.name for o in g.output if o.name not in local)
+    return used
 
 
 def shape_parameter_inputs(model: onnx.ModelProto) -> list[str]:
-    """Graph inputs that some node uses as a shape parameter."""
+    """Graph inputs that determine a shape: used as a shape parameter directly, or computed into one
+    (then only integer tensors and scalars qualify: data tensors are never frozen)."""
     inits = {t.name for t in model.graph.initializer}
-    graph_inputs = [i.name for i in model.graph.input if i.name not in inits]
-    found = []
+    inputs = {i.name: i for i in model.graph.input if i.name not in inits}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    direct, reached, todo = [], set(), []
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
         for pos in SHAPE_PARAMETERS.get(node.op_type, ()):
-            if pos < len(node.input) and node.input[pos] in graph_inputs and node.input[pos] not in found:
-                found.append(node.input[pos])
+            if pos < len(node.input) and node.input[pos]:
+                name = node.input[pos]
+                if name in inputs and name not in direct:
+                    direct.append(name)
+                todo.append(name)
+    while todo:
+        t = todo.pop()
+        if t in reached:
+            continue
+        reached.add(t)
+        n = producer.get(t)
+        if n is not None and n.op_type not in SHAPE_ONLY:
+            todo.extend(_uses(n))
+    found = list(direct)
+    for name, vi in inputs.items():
+        if name in found or name not in reached or not vi.type.HasField("tensor_type"):
+            continue
+        t = vi.type.tensor_type
+        dims = [d.dim_value for d in t.shape.dim] if t.HasField("shape") else None
+        integer = t.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        if integer or (dims is not None and int(np.prod(dims)) == 1):
+            found.append(name)
     return found
 
 

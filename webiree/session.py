@@ -55,12 +55,36 @@ class InferenceSession:
             self.module = read_module((d / MODULE_FILE).read_bytes())
         except ModuleFormatError as e:
             raise ModelError(f"{d / MODULE_FILE} is corrupt: {e}", hint="rebuild the model") from None
+        bad = [io.name for io in self.module.inputs + self.module.outputs if io.onnx_type not in NUMPY_OF_ONNX]
+        if bad:
+            raise ModelError(f"{d / MODULE_FILE} is corrupt: tensors {bad} have unknown element types",
+                             hint="rebuild the model")
         weights = (d / WEIGHTS_FILE).read_bytes() if (d / WEIGHTS_FILE).exists() else b""
+        self.interp = None
         self.driver = WgpuDriver()
-        self.interp = Interpreter(self.module, self.driver, weights)
-        run_sync(self.interp.prepare())
+        interp = Interpreter(self.module, self.driver, weights)
+        run_sync(interp.prepare())
+        self.interp = interp
         self.path = d
         self.last_profile = None
+
+    def close(self) -> None:
+        """Free the session's GPU buffers now (otherwise when it is garbage-collected)."""
+        interp = getattr(self, "interp", None)
+        if interp is not None:
+            interp.release()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def get_inputs(self) -> list[NodeArg]:
         return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type)) for io in self.module.inputs]

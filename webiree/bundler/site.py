@@ -31,7 +31,7 @@ def _type_name(t: int) -> str:
     return ONNX_TYPE_NAMES.get(t, str(t)).lower()
 
 
-def write_build(result, out_dir, options: dict) -> dict:
+def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
     from .. import __version__
 
     out = Path(out_dir)
@@ -62,20 +62,21 @@ def write_build(result, out_dir, options: dict) -> dict:
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     from .web import write_site  # the browser runtime, demo page and a seeded sample input
-    write_site(out, result)
+    write_site(out, result, pyodide=pyodide)
     return manifest
 
 
-def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=()):
+def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]} pins symbolic dims.
     limits: 'default' (WebGPU defaults; runs anywhere), 'adapter', or a dict.
+    pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
     result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
-    result.manifest = write_build(result, out_dir, options)
+    result.manifest = write_build(result, out_dir, options, pyodide=pyodide)
     return result

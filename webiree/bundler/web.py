@@ -12,6 +12,8 @@
                    data = base64 of the little-endian values in the ONNX type.
                    Omitted for inputs over SAMPLE_MAX_ELEMENTS elements; the
                    page then makes a seeded one itself.
+    python.html, webiree_runtime-*.whl (and pyodide/ when asked for)
+                   the same model from Python in the browser; see bundler/pyodide.py
 
 Every URL in the page is relative, so the folder works from any static file
 server (`webiree serve DIR`, `python -m http.server`, a CDN).
@@ -107,13 +109,15 @@ def _count(shape) -> int:
     return n
 
 
-def write_site(out_dir, result, model=None, sample_feeds=None) -> list[str]:
+def write_site(out_dir, result, model=None, sample_feeds=None, pyodide=False) -> list[str]:
     """Write the runtime, the demo page and the sample input into the build folder
     `out_dir` (already holding the files of `result`). Returns the names written.
 
     model: the ONNX ModelProto it was built from (optional); when given without
     sample_feeds, webiree.testing.models.sample_inputs(model) provides the sample
     if its shapes match the compiled ones.
+    pyodide: also copy Pyodide itself into pyodide/ (the runtime wheel and
+    python.html are always written; they are small).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,6 +143,8 @@ def write_site(out_dir, result, model=None, sample_feeds=None) -> list[str]:
     else:
         sample_path.write_text(json.dumps({"inputs": entries}, separators=(",", ":")) + "\n", encoding="ascii")
         written.append(SAMPLE_FILE)
+    from .pyodide import write_pyodide_files  # Python in the browser: the runtime wheel and python.html
+    written += write_pyodide_files(out, copy_runtime=pyodide)
     return written
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import CompilerBug, LimitsError, WebireeError
 from ..module import format as F
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
@@ -49,10 +50,52 @@ def resolve_limits(limits) -> dict:
         out = dict(C.DEFAULT_LIMITS)
         out.update({k: have[k] for k in out if k in have})
         out["device_class"] = "cpu" if adapter_info().get("adapter_type", "").upper() == "CPU" else "gpu"
-        return out
+        return _u32_limits(out)
+    if not isinstance(limits, dict):
+        raise LimitsError(f"limits must be 'default', 'adapter' or a dict of WebGPU limits, not {limits!r}")
+    for k, v in limits.items():
+        if k in C.DEFAULT_LIMITS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise LimitsError(f"limit {k} must be a positive integer, not {v!r}")
     out = dict(C.DEFAULT_LIMITS)
     out.update(limits)
-    return out
+    return _u32_limits(out)
+
+
+def _u32_limits(lim: dict) -> dict:
+    """The module records limits as u32: a big GPU's maxBufferSize (2^40 ...) is capped at 2^32 - 1,
+    which still never asks the adapter for more than it offers."""
+    return {k: min(v, 0xFFFFFFFF) if isinstance(v, int) else v for k, v in lim.items()}
+
+
+def check_dispatch_limits(dispatches, lim: dict) -> None:
+    """No dispatch may exceed the limits it was built for (a kernel builder that does not fold its
+    grid or sizes its workgroup too large is caught here, as a LimitsError naming the limit)."""
+    cap = lim["max_compute_workgroups_per_dimension"]
+    for d in dispatches:
+        if any(g > cap for g in d.grid):
+            raise LimitsError(f"dispatch {d.name} needs a grid of {tuple(d.grid)} workgroups, above the "
+                              f"maxComputeWorkgroupsPerDimension of {cap}", hint="use a smaller input shape")
+        wg = tuple(d.kernel.workgroup_size) + (1,) * (3 - len(d.kernel.workgroup_size))
+        inv = wg[0] * wg[1] * wg[2]
+        over = [(k, v, lim[k]) for k, v in (("max_compute_invocations_per_workgroup", inv),
+                                             ("max_compute_workgroup_size_x", wg[0]),
+                                             ("max_compute_workgroup_size_y", wg[1]),
+                                             ("max_compute_workgroup_size_z", wg[2]),
+                                             ("max_compute_workgroup_storage_size", shared_bytes(d.kernel)))
+                if k in lim and v > lim[k]]
+        if over:
+            k, v, cap_k = over[0]
+            raise CompilerBug(f"dispatch {d.name} was built with {k} = {v}, above the target's {cap_k}",
+                              hint="the kernel configuration ignored a limit; please report this")
+
+
+def shared_bytes(kernel) -> int:
+    """Workgroup memory a kernel declares (every element is 4 bytes; vectors count their lanes)."""
+    total = 0
+    for a in kernel.shared:
+        lanes = 4 if str(getattr(a, "dtype", "")).startswith("vec4") else 1
+        total += 4 * lanes * int(a.size)
+    return total
 
 
 def _file_name(i: int, name: str) -> str:
@@ -60,25 +103,44 @@ def _file_name(i: int, name: str) -> str:
 
 
 def compile_model(model, input_shapes=None, limits=None, validate: bool = True, dump_after=()) -> CompileResult:
+    """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
+    naming the stage, with the original exception chained (`--debug` shows its traceback)."""
+    stage = ["import"]
+    try:
+        return _compile(stage, model, input_shapes, limits, validate, dump_after)
+    except WebireeError:
+        raise
+    except Exception as e:
+        raise CompilerBug(f"internal error in the {stage[0]} stage ({type(e).__name__}: {str(e)[:300]})",
+                          hint="this is a webiree bug; please report it with the model "
+                               "(webiree --debug shows the traceback)") from e
+
+
+def _compile(stage, model, input_shapes, limits, validate, dump_after) -> CompileResult:
     lim = resolve_limits(limits)
     dumps = {}
     graph = import_model(model, input_shapes)
     if "import" in dump_after:
         dumps["import"] = graph.summary()
+    stage[0] = "lower"
     prog = lower(graph)
     passes.dce(prog)
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()
+    stage[0] = "fuse"
     passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"])
     passes.dce(prog)
     if "fuse" in dump_after:
         dumps["fuse"] = prog.summary()
+    stage[0] = "memory"
     plan = memory.plan_memory(prog, lim)
     if "memory" in dump_after:
         dumps["memory"] = plan.summary() + "\n" + "\n".join(
             f"  {n:<40} buffer {p.buffer} offset {p.offset} size {p.size}" for n, p in plan.placement.items())
 
+    stage[0] = "kernels"
     dispatches = [K.build(op, prog, C.choose(op, prog, lim), lim) for op in prog.ops]
+    check_dispatch_limits(dispatches, lim)
     sources: dict[str, int] = {}
     executables, shaders, exec_of = [], [], []
     for d in dispatches:
@@ -99,6 +161,7 @@ def compile_model(model, input_shapes=None, limits=None, validate: bool = True, 
     if "kernels" in dump_after:
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
 
+    stage[0] = "schedule"
     module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
     return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps)
 

@@ -108,7 +108,7 @@ def _type_proto(ctx, name: str) -> onnx.TypeProto:
 
 def function_body(ctx, node: Node):
     """(function proto, opset of its body) for this node's op at the node's opset, or None."""
-    opset = ctx.opset
+    opset = ctx.opset if node.domain in ("", "ai.onnx") else ctx.graph.domain_opsets.get(node.domain, 1)
     try:
         schema = onnx.defs.get_schema(node.op, opset, node.domain)
     except Exception:   # SchemaError: no such op at this opset

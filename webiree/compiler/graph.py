@@ -91,6 +91,7 @@ class Graph:
     constants: dict[str, np.ndarray]         # initializers and folded values
     opset: int = 17
     symbolic_inputs: dict = field(default_factory=dict)  # input -> dims as given in the file
+    domain_opsets: dict = field(default_factory=dict)    # other imported domains -> their opset version
 
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}

@@ -103,6 +103,25 @@ def _raise_type_error(text: str) -> None:
                                                     "constraints; re-export the model or insert a Cast")
 
 
+def _check_names(proto: onnx.ModelProto) -> None:
+    """Names must be text: protobuf hands back bytes for a string field that is not valid UTF-8
+    (a corrupt file the checker lets through)."""
+    g = proto.graph
+    for where, values in (("graph", [g.name]), ("graph input", [v.name for v in g.input]), ("graph output", [v.name for v in g.output]),
+                          ("initializer", [t.name for t in g.initializer]),
+                          ("value_info", [v.name for v in g.value_info]),
+                          ("opset domain", [o.domain for o in proto.opset_import])):
+        for v in values:
+            if not isinstance(v, str):
+                raise ModelError(f"a {where} name is not valid UTF-8 text ({bytes(v)[:40]!r})",
+                                 hint="the file is corrupt; re-export the model")
+    for n in g.node:
+        for v in [n.name, n.op_type, n.domain, *n.input, *n.output, *(a.name for a in n.attribute)]:
+            if not isinstance(v, str):
+                raise ModelError(f"node {n.name if isinstance(n.name, str) else '?'!r} holds a name that is not "
+                                 f"valid UTF-8 text ({bytes(v)[:40]!r})", hint="the file is corrupt; re-export the model")
+
+
 def import_model(model, input_shapes: dict | None = None) -> Graph:
     proto = load_model_proto(model)
     input_shapes = dict(input_shapes or {})
@@ -111,8 +130,11 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
     except Exception as e:
         raise ModelError(f"the model is not valid ONNX: {str(e).splitlines()[0][:300]}",
                          hint="re-export the model, or run onnx.checker.check_model to see the problem") from None
+    _check_names(proto)
     g = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None and proto.opset_import and all(n.domain not in ("", "ai.onnx") for n in g.node):
+        opset = MAX_OPSET    # only other domains' ops (ai.onnx.ml, ...): the default opset is never read
     if opset is None:
         raise ModelError("the model imports no default ONNX opset", hint="re-export with a standard opset (11 to 21)")
     if not MIN_OPSET <= opset <= MAX_OPSET:
@@ -161,6 +183,13 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
         del shape.dim[:]
         for d in dims:
             shape.dim.add().dim_value = int(d)
+    zero = [(n, d) for n, d in unresolved if isinstance(d, list) and 0 in d and
+            all(isinstance(x, int) and x >= 0 for x in d)]
+    if zero and len(zero) == len(unresolved):
+        parts = ", ".join(f"{n} {d}" for n, d in zero)
+        example = " ".join(f"--input-shape {n}=" + ",".join(str(x) for x in d) for n, d in zero)
+        raise ShapeError(f"input(s) declare a 0-sized dim: {parts} (some exporters write 0 for an unknown dim)",
+                         hint=f"pin the real size, or confirm an empty input with {example}")
     if unresolved:
         parts = ", ".join(f"{n} {d}" for n, d in unresolved)
         example = " ".join(f"--input-shape {n}=" + ",".join("1" if not isinstance(x, int) or x <= 0 else str(x)
@@ -214,7 +243,8 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
         if not o:
             raise ModelError("the graph has an output with an empty name")
     return Graph(name=g.name or "model", inputs=[vi.name for vi in real_inputs], outputs=outputs,
-                 nodes=nodes, types=types, constants=constants, opset=opset, symbolic_inputs=symbolic)
+                 nodes=nodes, types=types, constants=constants, opset=opset, symbolic_inputs=symbolic,
+                 domain_opsets={o.domain: o.version for o in proto.opset_import if o.domain not in ("", "ai.onnx")})
 
 
 def pinned_input_types(proto: onnx.ModelProto, graph: Graph) -> dict:

@@ -154,6 +154,11 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
                 continue
             if any(n.attr in a.prologues for n in kir.loads_of(p.expr)):
                 continue
+            # the prologue replaces the anchor's input loads only: a read of t by the epilogue
+            # or by another prologue still needs t's buffer
+            if a.epilogue is not None and _loads_of_tensor(a.epilogue, t) or \
+                    any(_loads_of_tensor(e, t) for e in a.prologues.values()):
+                continue
             after = (set(a.reads()) - {t}) | set(p.reads())
             if len(after) + 1 > max_bindings:
                 continue

@@ -10,7 +10,7 @@ back with one copy into one readback buffer.
 
 from __future__ import annotations
 
-from ..errors import DeviceError, FeedError, LimitsError
+from ..errors import DeviceError, FeedError, LimitsError, ModelError
 from ..module import format as F
 from .feeds import decode_output, encode_input
 
@@ -46,16 +46,38 @@ class Interpreter:
         self.prepared = False
 
     async def prepare(self):
+        try:
+            return await self._prepare()
+        except BaseException:
+            self.release()      # a failed session holds no GPU buffers
+            raise
+
+    def release(self) -> None:
+        """Destroy every GPU buffer this interpreter created (idempotent)."""
+        bufs, self.buffers = self.buffers, []
+        if self.readback is not None:
+            bufs.append(self.readback)
+            self.readback = None
+        for buf in bufs:
+            try:
+                self.driver.destroy_buffer(buf)
+            except Exception:
+                pass
+        self.items, self.uploads, self.prepared = [], [], False
+
+    async def _prepare(self):
         m, d = self.m, self.driver
+        pages = [b for b in m.buffers if b.kind == "weights"]
+        expected = max((b.blob_offset + b.size for b in pages), default=0)
+        if len(self.weights) != expected:
+            raise ModelError(f"the weights blob is {len(self.weights)} bytes; the module expects {expected}",
+                             hint="the site's weights file is incomplete or belongs to another build; "
+                                  "rebuild or re-download it")
         for i, b in enumerate(m.buffers):
             buf = d.create_buffer(max(b.size, 4), "storage", b.name or f"{b.kind}{i}")
-            if b.kind == "weights":
-                chunk = self.weights[b.blob_offset:b.blob_offset + b.size]
-                if len(chunk) != b.size:
-                    raise DeviceError(f"the weights blob is {len(self.weights)} bytes, too short for page {b.name}",
-                                      hint="the site's weights file is incomplete; rebuild or re-download it")
-                d.write_buffer(buf, 0, chunk)
             self.buffers.append(buf)
+            if b.kind == "weights":
+                d.write_buffer(buf, 0, self.weights[b.blob_offset:b.blob_offset + b.size])
         pending = [d.create_pipeline(e.name, e.format, e.code, e.entry, e.bindings) for e in m.executables]
         pipelines = [await p for p in pending]
         regs = [0] * max(m.registers, 1)
@@ -101,6 +123,8 @@ class Interpreter:
     async def run_raw(self, feeds: dict, profile: bool = False):
         """feeds: name -> storage bytes. Returns ({name: storage bytes}, per-dispatch ns or None)."""
         m, d = self.m, self.driver
+        if not self.prepared:
+            raise DeviceError("this session is closed (or was never prepared)", hint="create a new session")
         missing = [io.name for io in m.inputs if io.name not in feeds]
         if missing:
             raise FeedError(f"missing input(s) {missing}", hint=f"the model's inputs are {self.input_names()}")

@@ -81,12 +81,26 @@ def validate_wgsl(name: str, code: str) -> None:
 
 
 class WgpuDriver(Driver):
+    """live_buffers: GPU buffers this driver created and has not destroyed yet;
+    WgpuDriver.process_live_buffers(): the same over every driver of the process (the leak check)."""
+
+    _process_live = 0
+
     def __init__(self):
         self.adapter, self.device = request_device()
         self.wgpu = _import_wgpu()
         self._limits = adapter_limits()
         self.live_buffers = 0
         self.has_timestamps = "timestamp-query" in self.device.features
+
+    @classmethod
+    def process_live_buffers(cls) -> int:
+        return cls._process_live
+
+    def _count(self, delta: int) -> None:
+        with _LOCK:
+            self.live_buffers += delta
+            WgpuDriver._process_live += delta
 
     def limits(self):
         return self._limits
@@ -98,12 +112,12 @@ class WgpuDriver(Driver):
             buf = self.device.create_buffer(label=label, size=size, usage=usage)
         except Exception as e:
             raise DeviceError(f"cannot allocate a {size}-byte GPU buffer: {str(e)[:200]}") from None
-        self.live_buffers += 1
+        self._count(+1)
         return buf
 
     def destroy_buffer(self, buffer):
         buffer.destroy()
-        self.live_buffers -= 1
+        self._count(-1)
 
     def write_buffer(self, buffer, offset, data):
         self.device.queue.write_buffer(buffer, offset, data)
@@ -128,9 +142,14 @@ class WgpuDriver(Driver):
 
     def create_bind_group(self, pipeline, entries):
         _, bgl = pipeline
-        return self.device.create_bind_group(layout=bgl, entries=[
-            {"binding": slot, "resource": {"buffer": buf, "offset": off, "size": size}}
-            for slot, buf, off, size in entries])
+        try:
+            return self.device.create_bind_group(layout=bgl, entries=[
+                {"binding": slot, "resource": {"buffer": buf, "offset": off, "size": size}}
+                for slot, buf, off, size in entries])
+        except Exception as e:
+            raise DeviceError(f"cannot bind the buffers of a dispatch: {str(e)[:600]}",
+                              hint="the module does not fit this adapter (binding alignment or size); "
+                                   "rebuild it with --limits adapter") from None
 
     def submit(self, items, profile=False):
         enc = self.device.create_command_encoder()

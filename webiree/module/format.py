@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zlib
 from dataclasses import dataclass, field
 
 MAGIC = b"WIRM"
@@ -132,8 +133,7 @@ def write_module(m: Module) -> bytes:
         cmds.append(_encode_command(c))
     info = json.dumps(m.info, sort_keys=True, separators=(",", ":")).encode()
     strs = [_u32s(len(w.strings))] + [_blob(s.encode("utf-8")) for s in w.strings]
-    header = MAGIC + struct.pack("<HHII", VERSION, 0, 6, 0)
-    return header + b"".join([
+    body = b"".join([
         _section(b"STRS", b"".join(strs)),
         _section(b"LIMS", lims),
         _section(b"EXEC", b"".join(execs)),
@@ -142,6 +142,8 @@ def write_module(m: Module) -> bytes:
         _section(b"CMDS", b"".join(cmds)),
         _section(b"INFO", _blob(info)),
     ])
+    # the reserved header word holds the CRC-32 of everything after the header (0: not recorded)
+    return MAGIC + struct.pack("<HHII", VERSION, 0, 6, zlib.crc32(body) or 1) + body
 
 
 def _encode_command(c: tuple) -> bytes:
@@ -192,6 +194,20 @@ def read_module(data: bytes) -> Module:
     version = struct.unpack_from("<H", data, 4)[0]
     if version != VERSION:
         raise ModuleFormatError(f"schedule module version {version}; this runtime reads version {VERSION}")
+    crc = struct.unpack_from("<I", data, 12)[0]
+    if crc and crc != (zlib.crc32(data[16:]) or 1):
+        raise ModuleFormatError("checksum mismatch: the file was damaged after it was written")
+    try:
+        m = _read_sections(data)
+    except (IndexError, KeyError, UnicodeDecodeError, ValueError, struct.error) as e:
+        if isinstance(e, ModuleFormatError):
+            raise
+        raise ModuleFormatError(f"malformed module ({type(e).__name__}: {str(e)[:120]})") from None
+    validate_module(m)
+    return m
+
+
+def _read_sections(data: bytes) -> Module:
     sections: dict[bytes, bytes] = {}
     p = 16
     while p < len(data):
@@ -264,3 +280,58 @@ def read_module(data: bytes) -> Module:
     if b"INFO" in sections:
         info = json.loads(_Reader(sections[b"INFO"], "INFO").blob() or b"{}")
     return Module(execs, bufs, groups[0], groups[1], cmds, limits, info, n_regs)
+
+
+def validate_module(m: Module) -> None:
+    """Check every cross-reference of a module a runtime would follow blindly (indices, byte
+    ranges inside their buffers, known opcodes), so a damaged file is a ModuleFormatError and
+    never an IndexError or an out-of-bounds binding."""
+    nb, ne = len(m.buffers), len(m.executables)
+
+    def check(cond, what):
+        if not cond:
+            raise ModuleFormatError(f"inconsistent module: {what}")
+
+    for i, b in enumerate(m.buffers):
+        check(b.size % 4 == 0, f"buffer {i} size {b.size} is not a multiple of 4")
+    for e in m.executables:
+        slots = [slot for slot, _ in e.bindings]
+        check(len(set(slots)) == len(slots), f"executable {e.name!r} repeats a binding slot")
+    for group, ios in (("input", m.inputs), ("output", m.outputs)):
+        for io in ios:
+            n = 1
+            for d in io.shape:
+                n *= d
+            check(io.buffer < nb, f"{group} {io.name!r} names buffer {io.buffer} of {nb}")
+            check(io.size == 4 * n, f"{group} {io.name!r} has {io.size} bytes for shape {tuple(io.shape)}")
+            check(io.offset + io.size <= m.buffers[io.buffer].size,
+                  f"{group} {io.name!r} runs past the end of its buffer")
+    for c in m.commands:
+        op = c[0]
+        if op in (OP_DISPATCH, OP_DISPATCH_DYN):
+            _, ex, gx, gy, gz, binds = c
+            check(ex < ne, f"a dispatch names executable {ex} of {ne}")
+            if op == OP_DISPATCH_DYN:
+                check(max(gx, gy, gz) < max(m.registers, 1), "a dispatch reads a register out of range")
+            slots = {slot for slot, _ in m.executables[ex].bindings}
+            check({b[0] for b in binds} == slots and len(binds) == len(slots),
+                  f"a dispatch of {m.executables[ex].name!r} does not bind exactly its slots")
+            for slot, buf, off, size in binds:
+                check(buf < nb and size > 0 and off + size <= m.buffers[buf].size,
+                      f"a dispatch of {m.executables[ex].name!r} binds bytes outside buffer {buf}")
+        elif op == OP_UPLOAD_INPUT:
+            check(c[1] < len(m.inputs), "UPLOAD_INPUT names a missing input")
+        elif op == OP_READBACK:
+            check(c[1] < len(m.outputs), "READBACK names a missing output")
+        elif op == OP_COPY:
+            _, sb, so, db, do, size = c
+            check(sb < nb and db < nb and so + size <= m.buffers[sb].size and do + size <= m.buffers[db].size,
+                  "a COPY reaches outside its buffers")
+        elif op in (OP_SET_REG, OP_ARITH):
+            check(all(r < max(m.registers, 1) for r in (c[1:2] if op == OP_SET_REG else c[2:])),
+                  "a register index is out of range")
+            if op == OP_ARITH:
+                check(c[1] < len(ARITH_OPS), f"unknown arithmetic op {c[1]}")
+        elif op == OP_LOAD_DIM:
+            check(c[1] < max(m.registers, 1) and c[2] < len(m.inputs) and c[3] < len(m.inputs[c[2]].shape),
+                  "LOAD_DIM names a missing input dim or register")

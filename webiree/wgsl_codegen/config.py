@@ -50,14 +50,22 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
     inv = limits["max_compute_invocations_per_workgroup"]
     cpu = limits.get("device_class") == "cpu"
     if isinstance(op, P.MatMul) and cpu:
-        # CPU adapters (lavapipe) run a workgroup as SIMD loops over invocations: barriers are
-        # expensive and caches make workgroup memory pointless. Wide register blocks instead.
-        wx = min(64, inv, limits["max_compute_workgroup_size_x"])
-        while wx > 8 and wx >= 2 * op.n:
-            wx //= 2
-        rn = 4 if op.n >= 4 * wx else (2 if op.n >= 2 * wx else 1)
-        rm = 4 if op.m >= 4 else op.m
-        return KernelConfig((wx, 1, 1), (rm, rn, 4 if op.k >= 4 else 1), 1, "register-blocked")
+        # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
+        # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
+        # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
+        # columns) streams B fewer times; measured 11.6 GFLOP/s vs 1 for 4x1 blocks on lavapipe.
+        from .kernels import matmul_vec4_ok
+        vec = 4 if matmul_vec4_ok(op) else 1
+        cols = -(-op.n // vec)
+        wx = 8
+        rn = max(1, min(12 if vec == 4 else 16, -(-cols // wx)))
+        rm = max(1, min(16, op.m))
+        groups = lambda: -(-cols // (wx * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
+        while rm * rn > 48 and rm > 4:     # keep shaders small: LLVM compile time grows fast
+            rm //= 2
+        while groups() < 4 and rm > 1:
+            rm = max(1, rm // 2)
+        return KernelConfig((wx, 1, 1), (rm, rn, 4 if op.k >= 4 else 1), vec, "register-blocked")
     if isinstance(op, P.MatMul):
         # 16x16 threads, each a 4x4 register block: 64x64 tiles, K in steps of 16.
         # Thin problems (one row, e.g. a classifier head) use 1 row per thread.

@@ -35,18 +35,21 @@ class Dispatch:
 
 
 class Binder:
-    """Assigns binding slots to tensors and renames loads in expressions."""
+    """Assigns binding slots to tensors and renames loads in expressions.
+
+    A tensor may be bound twice: as its scalar array and as array<vec4<f32>>
+    (`vec=True`) for wide loads and stores."""
 
     def __init__(self, prog: P.Program, prologues: dict | None = None):
         self.prog = prog
         self.prologues = prologues or {}
-        self.slots: list[str] = []
+        self.slots: list[tuple[str, bool]] = []
 
-    def name(self, tensor: str) -> str:
-        tensor = self.prog.root(tensor)
-        if tensor not in self.slots:
-            self.slots.append(tensor)
-        return f"b{self.slots.index(tensor)}"
+    def name(self, tensor: str, vec: bool = False) -> str:
+        key = (self.prog.root(tensor), vec)
+        if key not in self.slots:
+            self.slots.append(key)
+        return f"b{self.slots.index(key)}"
 
     def dtype(self, tensor: str) -> str:
         """Element type of an input, also when a fused prologue computes it."""
@@ -61,6 +64,10 @@ class Binder:
             return kir.substitute(self.expr(self.prologues[tensor]), {O: index})
         return kir.load(self.name(tensor), index, self.dtype(tensor))
 
+    def load4(self, tensor: str, index4) -> kir.Expr:
+        """Elements 4*index4 .. 4*index4+3 of an f32 tensor as one vec4f."""
+        return kir.load(self.name(tensor, vec=True), kir.as_expr(index4, "i32"), "vec4f")
+
     def expr(self, e: kir.Expr) -> kir.Expr:
         """A compiler expression (loads name tensors) with loads of binding slots instead."""
         def fn(node):
@@ -71,8 +78,14 @@ class Binder:
 
     def bindings(self, out: str) -> list[kir.Binding]:
         out = self.prog.root(out)
-        self.name(out)
-        return [kir.Binding(i, f"b{i}", self.prog.tensors[t].dtype, writes=(t == out)) for i, t in enumerate(self.slots)]
+        if not any(t == out for t, _ in self.slots):
+            self.name(out)
+        return [kir.Binding(i, f"b{i}", "vec4f" if vec else self.prog.tensors[t].dtype, writes=(t == out))
+                for i, (t, vec) in enumerate(self.slots)]
+
+    @property
+    def tensors(self) -> list[str]:
+        return [t for t, _ in self.slots]
 
 
 def grid_for(n_groups: int, limits: dict) -> tuple[int, int, int]:
@@ -121,7 +134,7 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     if len(kernel.bindings) > limits["max_storage_buffers_per_shader_stage"]:
         raise LimitsError(f"dispatch {op.name} needs {len(kernel.bindings)} storage buffers, above the limit of "
                           f"{limits['max_storage_buffers_per_shader_stage']}")
-    return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, list(b.slots))
+    return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, b.tensors)
 
 
 def build_generic(op: P.Generic, prog, cfg, limits, b: Binder):
@@ -152,6 +165,8 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     if numel(op.batch) > limits["max_compute_workgroups_per_dimension"]:
         raise LimitsError(f"MatMul batch {numel(op.batch)} exceeds the workgroups per dimension limit")
     if cfg.strategy == "register-blocked":
+        if cfg.vector == 4:
+            return _matmul_registers_vec4(op, prog, cfg, limits, b)
         return _matmul_registers(op, prog, cfg, limits, b)
     return _matmul_shared(op, prog, cfg, limits, b)
 
@@ -207,6 +222,73 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
                 acc = acc * op.alpha
             body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
     return body, [], (-(-N // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def matmul_vec4_ok(op: P.MatMul) -> bool:
+    """B and C can be read and written as vec4 rows."""
+    return op.n % 4 == 0 and not op.trans_b and op.b not in op.prologues
+
+
+def _matmul_registers_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Like _matmul_registers, with each column slot a vec4 of 4 adjacent columns."""
+    wx = cfg.workgroup_size[0]
+    rm, rn, uk = cfg.tile
+    M, N, K = op.m, op.n, op.k
+    N4 = N // 4
+    bz, a_off, b_off = _batch_offsets(op)
+    body = [Let("a_off", a_off), Let("b_off4", b_off // 4),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
+    a_off, b_off4 = lvar("a_off", "i32"), lvar("b_off4", "i32")
+    for i in range(rm):
+        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
+    for j in range(rn):
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * wx, N4 - 1)))
+        for i in range(rm):
+            body.append(Decl(f"acc{i}_{j}", "vec4f", kir.splat(f32(0.0))))
+    mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
+    nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
+
+    def step(k):
+        stmts = []
+        for i in range(rm):
+            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))
+            stmts.append(Let(f"a{i}", kir.splat(a)))
+        for j in range(rn):
+            stmts.append(Let(f"b{j}", b.load4(op.b, b_off4 + k * N4 + nc[j])))
+        for i in range(rm):
+            for j in range(rn):
+                acc = lvar(f"acc{i}_{j}", "vec4f")
+                stmts.append(Assign(f"acc{i}_{j}", acc + lvar(f"a{i}", "vec4f") * lvar(f"b{j}", "vec4f")))
+        return stmts
+    k0 = lvar("k0", "i32")
+    main = K - K % uk
+    if main:
+        inner = [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True) for kk in range(uk)]
+        body.append(For("k0", i32(0), i32(main), inner, step=uk))
+    for k in range(main, K):
+        body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
+    plain = op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
+    out = b.name(op.out, vec=plain)
+    for i in range(rm):
+        for j in range(rn):
+            r, c4 = m0 + i, n0 + j * wx
+            o = bz * (M * N) + r * N + c4 * 4
+            acc = lvar(f"acc{i}_{j}", "vec4f")
+            cond = kir.binary("and", r < M, c4 < N4)
+            if plain:
+                body.append(If(cond, [Store(out, o // 4, acc)]))
+                continue
+            stores = [Let(f"o{i}_{j}", o)]
+            oo = lvar(f"o{i}_{j}", "i32")
+            for q in range(4):
+                v = kir.lane(acc, q)
+                if op.alpha != 1.0:
+                    v = v * op.alpha
+                stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
+            body.append(If(cond, stores))
+    return body, [], (-(-N4 // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
 def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
@@ -269,9 +351,9 @@ def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
     return body, shared, (-(-N // tn), -(-M // tm), max(numel(op.batch), 1))
 
 
-def _window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, unroll_max=3):
+def _window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, out_sp=None, unroll_max=3):
     """Nested loops over a window; inner_fn(positions, kernel_coords) gives the innermost body.
-    Positions outside the input are skipped."""
+    Positions outside the input are skipped (no check where a dim's windows always fit)."""
     nd = len(kdims)
 
     def level(d, pos, kc):
@@ -279,9 +361,11 @@ def _window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, 
             return inner_fn(pos, kc)
         kv = lvar(f"k{d}", "i32")
         p = out_coords[d] * strides[d] - pads[d] + kv * dilations[d]
-        body = [Let(f"p{d}", p),
-                If(kir.binary("and", lvar(f"p{d}", "i32") >= 0, lvar(f"p{d}", "i32") < in_sp[d]),
-                   level(d + 1, pos + [lvar(f"p{d}", "i32")], kc + [kv]))]
+        always_inside = out_sp is not None and pads[d] == 0 and \
+            (out_sp[d] - 1) * strides[d] + (kdims[d] - 1) * dilations[d] <= in_sp[d] - 1
+        inner = level(d + 1, pos + [lvar(f"p{d}", "i32")], kc + [kv])
+        body = [Let(f"p{d}", p)] + (inner if always_inside else [
+            If(kir.binary("and", lvar(f"p{d}", "i32") >= 0, lvar(f"p{d}", "i32") < in_sp[d]), inner)])
         return [For(f"k{d}", i32(0), i32(kdims[d]), body, unroll=kdims[d] <= unroll_max)]
     return level(0, [], [])
 
@@ -324,7 +408,7 @@ def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
     cbody = [Let("xbase", (n * C + g * Cg + c) * numel(in_sp))]
     for j in range(cb):
         cbody.append(Let(f"wbase{j}", ((m0 + j) * Cg + c) * ksize))
-    cbody += _window_loops(op.w_shape[2:], op.strides, op.dilations, op.pads, in_sp, q, inner)
+    cbody += _window_loops(op.w_shape[2:], op.strides, op.dilations, op.pads, in_sp, q, inner, out_sp)
     work.append(For("c", i32(0), i32(Cg), cbody))
     out = b.name(op.out)
     for j in range(cb):
@@ -363,7 +447,7 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
         else:
             upd = acc + kir.binary("pow", kir.unary("abs", v), f32(op.p))
         return [Assign("acc", upd), Assign("cnt", lvar("cnt", "i32") + 1)]
-    work += _window_loops(op.kernel, op.strides, op.dilations, op.pads, in_sp, q, inner)
+    work += _window_loops(op.kernel, op.strides, op.dilations, op.pads, in_sp, q, inner, out_sp)
     result = acc
     if op.mode == "avg":
         if op.count_include_pad:
@@ -565,3 +649,4 @@ BUILDERS.update({
 })
 
 __all__ = ["Dispatch", "build", "builder_for", "grid_for", "strides_of"]
+from . import kernels_extra  # noqa: E402,F401  (registers the builders of program_extra op kinds)

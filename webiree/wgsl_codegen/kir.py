@@ -10,7 +10,8 @@ structure), so a repeated sub-expression is one object and the renderer can
 bind it once with `let`. Arithmetic on constants is folded at construction,
 which keeps index math (strides, offsets) small.
 
-Scalar types: 'f32', 'i32', 'u32', 'bool'. Index math is i32 throughout.
+Scalar types: 'f32', 'i32', 'u32', 'bool'; one vector type, 'vec4f' (four
+f32), for wide loads and stores. Index math is i32 throughout.
 """
 
 from __future__ import annotations
@@ -261,6 +262,20 @@ def cast(x: Expr, dtype: str) -> Expr:
 
 def bitcast(x: Expr, dtype: str) -> Expr:
     return x if x.dtype == dtype else _make("bitcast", dtype, (x,))
+
+
+def splat(x: Expr) -> Expr:
+    """A vec4f with all four lanes equal to the f32 `x`."""
+    return _make("splat", "vec4f", (as_expr(x, "f32"),))
+
+
+def lane(v: Expr, i: int) -> Expr:
+    """Lane i (0..3) of a vec4f."""
+    return _make("lane", "f32", (v,), "xyzw"[i])
+
+
+def vec4(a, b, c, d) -> Expr:
+    return _make("vec4", "vec4f", tuple(as_expr(x, "f32") for x in (a, b, c, d)))
 
 
 def minimum(a, b) -> Expr:

@@ -14,7 +14,7 @@ import struct
 from . import kir
 from .kir import Expr
 
-STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32"}
+STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32", "vec4f": "vec4<f32>"}
 
 INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%",
@@ -49,7 +49,7 @@ HELPERS = {
     "wi_tanh": """fn wi_tanh(x: f32) -> f32 {
   let c = clamp(x, -9.0, 9.0);
   let e = exp(2.0 * c);
-  return select((e - 1.0) / (e + 1.0), x, x != x);
+  return select((e - 1.0) / (e + 1.0), x, (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u);
 }""",
 }
 
@@ -130,6 +130,12 @@ class _Renderer:
         if op == "isinf":
             x = self.expr(a[0], names)
             return f"((bitcast<u32>({x}) & 0x7fffffffu) == 0x7f800000u)"
+        if op == "splat":
+            return f"vec4<f32>({self.expr(a[0], names)})"
+        if op == "lane":
+            return f"{self.expr(a[0], names)}.{e.attr}"
+        if op == "vec4":
+            return f"vec4<f32>({', '.join(self.expr(x, names) for x in a)})"
         if op == "select":
             c, t, f = (self.expr(x, names) for x in a)
             return f"select({f}, {t}, {c})"

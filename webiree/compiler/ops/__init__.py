@@ -31,3 +31,4 @@ def never_fold(op: str) -> bool:
 
 
 from . import elementwise, shape, contraction, conv, reduce, resize  # noqa: E402,F401  (registers handlers)
+from . import control, loops, ml, movement, norms, quant, rnn  # noqa: E402,F401

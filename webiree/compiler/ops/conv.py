@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
-from ..program import Conv, Pool, Reduce
+from ..program import Conv, MatMul, Pool, Reduce
 from . import Unsupported, register
 from .shape import pad_params
 
@@ -25,6 +25,8 @@ def window_pads(node, in_sp, kernel, strides, dilations):
         pads = list(node.attr("pads", [0] * (2 * nd)))
         if len(pads) != 2 * nd:
             raise ShapeError(f"pads {pads} do not match {nd} spatial dims")
+        if any(p < 0 or p >= (1 << 31) for p in pads):
+            raise ShapeError(f"pads must be non-negative 32-bit integers, got {pads}")
         return pads
     if auto == "VALID":
         return [0] * (2 * nd)
@@ -56,9 +58,11 @@ def window_out(in_sp, kernel, strides, dilations, pads, ceil_mode=False):
     return out
 
 
-def _check_positive(name, values):
-    if any(v <= 0 for v in values):
-        raise ShapeError(f"{name} must be positive, got {list(values)}")
+def _check_positive(name, values, nd=None):
+    if nd is not None and len(values) != nd:
+        raise ShapeError(f"{name} {list(values)} does not match {nd} spatial dims")
+    if any(v <= 0 or v >= (1 << 31) for v in values):
+        raise ShapeError(f"{name} must be positive 32-bit integers, got {list(values)}")
 
 
 @register("Conv")
@@ -74,9 +78,11 @@ def conv(ctx, node):
     strides = list(node.attr("strides", [1] * nd))
     dilations = list(node.attr("dilations", [1] * nd))
     group = int(node.attr("group", 1))
-    _check_positive("strides", strides)
-    _check_positive("dilations", dilations)
-    _check_positive("kernel_shape", kernel)
+    _check_positive("strides", strides, nd)
+    _check_positive("dilations", dilations, nd)
+    _check_positive("kernel_shape", kernel, nd)
+    if list(kernel) != list(ws[2:]):
+        raise ShapeError(f"kernel_shape {kernel} differs from the weight's spatial dims {tuple(ws[2:])}")
     if group <= 0 or xs[1] % group or ws[0] % group or ws[1] * group != xs[1]:
         raise ShapeError(f"Conv group {group} does not divide channels: input {xs}, weight {ws}")
     pads = window_pads(node, xs[2:], kernel, strides, dilations)
@@ -90,10 +96,23 @@ def conv(ctx, node):
     out_shape = [xs[0], ws[0]] + out_sp
     b = node.input(2)
     out = node.outputs[0] if not b else ctx.temp("conv")
-    op = Conv(name=node.name, out=out, nodes=[node.name], x=ctx.buffer(x), w=ctx.buffer(w),
-              x_shape=tuple(xs), w_shape=tuple(ws), out_shape=tuple(out_shape), strides=tuple(strides),
-              dilations=tuple(dilations), pads=tuple(pads), group=group)
-    ctx.anchor(op, out_shape)
+    if group == 1 and all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads):
+        # a pointwise conv is a matrix product: W[M, C] @ X[n][C, H*W] for every image n
+        w2 = ctx.temp("w2d")
+        wc = ctx.const(w)
+        if wc is not None:
+            ctx.set_const(w2, wc.reshape(ws[0], ws[1]))
+        else:
+            ctx.view(w2, w, (ws[0], ws[1]))
+        P = int(np.prod(out_sp))
+        op = MatMul(name=node.name, out=out, nodes=[node.name], a=ctx.buffer(w2), b=ctx.buffer(x),
+                    batch=(xs[0],), a_batch=(), b_batch=(xs[0],), m=ws[0], n=P, k=ws[1])
+        ctx.anchor(op, out_shape)
+    else:
+        op = Conv(name=node.name, out=out, nodes=[node.name], x=ctx.buffer(x), w=ctx.buffer(w),
+                  x_shape=tuple(xs), w_shape=tuple(ws), out_shape=tuple(out_shape), strides=tuple(strides),
+                  dilations=tuple(dilations), pads=tuple(pads), group=group)
+        ctx.anchor(op, out_shape)
     if b:
         ctx.generic(node.outputs[0], out_shape, "f32",
                     lambda cs: ctx.read(out, cs) + ctx.read(b, [cs[1]]))
@@ -110,13 +129,9 @@ def _pool(ctx, node, mode):
         raise ShapeError(f"kernel_shape {kernel} does not match {nd} spatial dims")
     strides = list(node.attr("strides", [1] * nd))
     dilations = list(node.attr("dilations", [1] * nd))
-    _check_positive("strides", strides)
-    _check_positive("dilations", dilations)
-    _check_positive("kernel_shape", kernel)
-    if node.op == "MaxPool" and len([o for o in node.outputs if o]) > 1:
-        raise Unsupported("MaxPool Indices output")
-    if node.attr("storage_order", 0):
-        raise Unsupported("MaxPool storage_order=1")
+    _check_positive("strides", strides, nd)
+    _check_positive("dilations", dilations, nd)
+    _check_positive("kernel_shape", kernel, nd)
     pads = window_pads(node, xs[2:], kernel, strides, dilations)
     out_sp = window_out(xs[2:], kernel, strides, dilations, pads, bool(node.attr("ceil_mode", 0)))
     out_shape = [xs[0], xs[1]] + out_sp
@@ -125,6 +140,9 @@ def _pool(ctx, node, mode):
               dilations=tuple(dilations), pads=tuple(pads),
               count_include_pad=bool(node.attr("count_include_pad", 0)), p=float(node.attr("p", 2)))
     ctx.anchor(op, out_shape, ctx.dtype(x))
+    if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+        from .loops import maxpool_indices
+        maxpool_indices(ctx, node, x, node.outputs[1], out_shape, kernel, strides, dilations, pads)
 
 
 @register("MaxPool")
@@ -146,6 +164,8 @@ def lppool(ctx, node):
 def global_pool(ctx, node):
     x = node.inputs[0]
     xs = ctx.shape(x)
+    if len(xs) < 3:
+        raise ShapeError(f"{node.op} needs an N,C,spatial input, got {xs}")
     mode = {"GlobalAveragePool": "mean", "GlobalMaxPool": "max", "GlobalLpPool": "lp"}[node.op]
     p = float(node.attr("p", 2))
     if mode == "lp":
@@ -162,7 +182,11 @@ def global_pool(ctx, node):
 def batchnorm(ctx, node):
     x, scale, bias, mean, var = node.inputs[:5]
     if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
-        raise Unsupported("BatchNormalization in training mode")
+        from .norms import batchnorm_training
+        if ctx.opset < 14:
+            raise Unsupported("BatchNormalization's training outputs before opset 14")
+        batchnorm_training(ctx, node)
+        return
     eps = float(node.attr("epsilon", 1e-5))
     xs = ctx.shape(x)
     consts = [ctx.const(n) for n in (scale, bias, mean, var)]

@@ -15,7 +15,7 @@ import numpy as np
 from ...wgsl_codegen import kir
 from ...wgsl_codegen.kir import Expr, f32, select
 from . import Unsupported, register
-from .common import ONNX_TO_INTERNAL, broadcast_shapes
+from .common import INT_BITS, ONNX_TO_INTERNAL, broadcast_shapes, onnx_type
 
 
 def _softplus(x: Expr) -> Expr:
@@ -28,6 +28,13 @@ def _gelu(x: Expr, approximate: str) -> Expr:
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + kir.unary("tanh", inner))
     return 0.5 * x * (1.0 + kir.unary("erf", x * (1.0 / math.sqrt(2.0))))
+
+
+def _keep_nan(x: Expr, value: Expr) -> Expr:
+    """`value`, but NaN where x is NaN (WGSL's max/min/sign/pow may drop a NaN; onnxruntime keeps it)."""
+    if x.dtype != "f32":
+        return value
+    return select(kir.unary("isnan", x), x, value)
 
 
 def _unary_rules():
@@ -50,7 +57,7 @@ def _unary_rules():
         "Sinh": lambda x, a: u("sinh", x), "Cosh": lambda x, a: u("cosh", x),
         "Asinh": lambda x, a: u("asinh", x), "Acosh": lambda x, a: u("acosh", x), "Atanh": lambda x, a: u("atanh", x),
         "Erf": lambda x, a: u("erf", x),
-        "Sign": lambda x, a: u("sign", x),
+        "Sign": lambda x, a: _keep_nan(x, u("sign", x)),
         "Softplus": lambda x, a: _softplus(x),
         "Softsign": lambda x, a: x / (1.0 + u("abs", x)),
         "Not": lambda x, a: u("not", x),
@@ -59,11 +66,12 @@ def _unary_rules():
         "Selu": lambda x, a: a.get("gamma", 1.0507009873554805) * select(
             x <= 0.0, a.get("alpha", 1.6732632423543772) * (u("exp", x) - 1.0), x),
         "LeakyRelu": lambda x, a: select(x < 0.0, a.get("alpha", 0.01) * x, x),
-        "HardSigmoid": lambda x, a: kir.maximum(f32(0.0), kir.minimum(f32(1.0), a.get("alpha", 0.2) * x + a.get("beta", 0.5))),
-        "HardSwish": lambda x, a: x * kir.maximum(f32(0.0), kir.minimum(f32(1.0), x * (1.0 / 6.0) + 0.5)),
+        "HardSigmoid": lambda x, a: _keep_nan(x, kir.maximum(f32(0.0), kir.minimum(
+            f32(1.0), a.get("alpha", 0.2) * x + a.get("beta", 0.5)))),
+        "HardSwish": lambda x, a: _keep_nan(x, x * kir.maximum(f32(0.0), kir.minimum(f32(1.0), x * (1.0 / 6.0) + 0.5))),
         "ThresholdedRelu": lambda x, a: select(x > a.get("alpha", 1.0), x, f32(0.0)),
-        "Celu": lambda x, a: kir.maximum(f32(0.0), x) + kir.minimum(
-            f32(0.0), a.get("alpha", 1.0) * (u("exp", x / a.get("alpha", 1.0)) - 1.0)),
+        "Celu": lambda x, a: _keep_nan(x, kir.maximum(f32(0.0), x) + kir.minimum(
+            f32(0.0), a.get("alpha", 1.0) * (u("exp", x / a.get("alpha", 1.0)) - 1.0))),
         "Shrink": lambda x, a: select(x < -a.get("lambd", 0.5), x + a.get("bias", 0.0),
                                       select(x > a.get("lambd", 0.5), x - a.get("bias", 0.0), f32(0.0))),
         "Gelu": lambda x, a: _gelu(x, a.get("approximate", "none")),
@@ -132,19 +140,30 @@ def _pow(a: Expr, b: Expr) -> Expr:
             return 1.0 / a
         if y == 0.0:
             return f32(1.0)
-    r = kir.binary("pow", kir.unary("abs", a), b)
+    ab = kir.unary("abs", a)
+    r = kir.binary("pow", ab, b)
+    # C/IEEE special cases the GPU's exp2(y * log2(x)) does not honour: pow(+-0, y < 0) = inf,
+    # pow(x, +-inf) = inf or 0 by |x| < 1, pow(+-1, +-inf) = 1
+    inf = f32(math.inf)
+    r = select(kir.binary("and", kir.binary("eq", ab, f32(0.0)), b < 0.0), inf, r)
+    r = select(kir.unary("isinf", b), select(kir.binary("eq", ab, f32(1.0)), f32(1.0),
+                                             select(kir.binary("eq", ab < 1.0, b < 0.0), inf, f32(0.0))), r)
     is_int = kir.binary("eq", kir.unary("floor", b), b)
     odd = kir.binary("ne", kir.unary("floor", b * 0.5) * 2.0, b)
     neg_result = select(is_int, select(odd, -r, r), f32(math.nan))
     out = select(a < 0.0, neg_result, r)
-    return select(kir.binary("eq", b, f32(0.0)), f32(1.0), out)
+    out = _keep_nan(a, _keep_nan(b, out))      # pow(NaN, y) and pow(x, NaN) are NaN ...
+    out = select(kir.binary("eq", a, f32(1.0)), f32(1.0), out)      # ... except pow(1, y) = 1
+    return select(kir.binary("eq", b, f32(0.0)), f32(1.0), out)   # ... and pow(x, 0) = 1
 
 
 def _mod(a: Expr, b: Expr, fmod: int) -> Expr:
     if a.dtype == "f32":
-        if fmod:
-            return a % b
-        r = a % b
+        if fmod:   # C fmod: fmod(x, +-inf) = x for finite x
+            return select(kir.binary("and", kir.unary("isinf", b), kir.unary("not", kir.unary("isinf", a))), a, a % b)
+        # WGSL's x % y is x - y * trunc(x / y): NaN for an infinite y, where the remainder is x
+        finite_a = kir.unary("not", kir.binary("or", kir.unary("isinf", a), kir.unary("isnan", a)))
+        r = select(kir.binary("and", kir.unary("isinf", b), finite_a), a, a % b)
         return select(kir.binary("and", kir.binary("ne", r, f32(0.0)), kir.binary("ne", r < 0.0, b < 0.0)), r + b, r)
     zero = kir.const(0, a.dtype)
     r = select(kir.binary("eq", b, zero), zero, a % b)
@@ -173,7 +192,6 @@ BINARY = {
     "BitwiseAnd": lambda a, b, n: kir.binary("band", a, b),
     "BitwiseOr": lambda a, b, n: kir.binary("bor", a, b),
     "BitwiseXor": lambda a, b, n: kir.binary("bxor", a, b),
-    "BitShift": lambda a, b, n: kir.binary("shl" if n.attr("direction") == "LEFT" else "shr", a, b),
     "PRelu": lambda a, b, n: select(a < 0.0, a * b, a),
 }
 BOOL_RESULT = {"And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
@@ -184,8 +202,6 @@ def binary(ctx, node):
     a, b = node.inputs[0], node.inputs[1]
     if node.op in ("And", "Or", "Xor") and (ctx.dtype(a) != "bool" or ctx.dtype(b) != "bool"):
         raise Unsupported("logical ops need bool inputs")
-    if node.op == "BitShift" and ctx.dtype(a) != "u32":
-        raise Unsupported("BitShift on types other than uint32")
     if node.op.startswith("Bitwise") and ctx.dtype(a) not in ("i32", "u32"):
         raise Unsupported(f"{node.op} on {ctx.dtype(a)}")
     out_shape = broadcast_shapes(ctx.shape(a), ctx.shape(b))
@@ -193,6 +209,37 @@ def binary(ctx, node):
     dt = "bool" if node.op in BOOL_RESULT else ctx.dtype(a)
     ctx.generic(node.outputs[0], out_shape, dt,
                 lambda cs: rule(ctx.read_bcast(a, out_shape, cs), ctx.read_bcast(b, out_shape, cs), node))
+
+
+@register("BitShift")
+def bitshift(ctx, node):
+    a, b = node.inputs[0], node.inputs[1]
+    dt = ctx.dtype(a)
+    if dt not in ("i32", "u32"):
+        raise Unsupported(f"BitShift on {dt} tensors")
+    bits, signed = INT_BITS.get(onnx_type(ctx, a), (32, dt == "i32"))
+    left = node.attr("direction") == "LEFT"
+    out_shape = broadcast_shapes(ctx.shape(a), ctx.shape(b))
+
+    def rule(cs):
+        x, y = ctx.read_bcast(a, out_shape, cs), ctx.read_bcast(b, out_shape, cs)
+        yi = kir.cast(y, "i32") if y.dtype != "i32" else y
+        y = kir.cast(y, dt)
+        zero = kir.const(0, dt)
+        if left:
+            v = kir.binary("shl", x, y)
+            if bits < 32:   # keep the low `bits` bits, sign-extended for a signed type
+                v = kir.binary("shl", v, kir.i32(32 - bits))
+                v = kir.binary("shr", v, kir.i32(32 - bits)) if signed else \
+                    kir.cast(kir.binary("shr", kir.bitcast(v, "u32"), kir.const(32 - bits, "u32")), dt)
+            fill = zero
+        else:
+            v = kir.binary("shr", x, y)
+            fill = select(x < zero, kir.const(-1, dt), zero) if signed and dt == "i32" else zero
+        # (a 64-bit type is narrowed to 32 bits: its values fit, so shifting by 32..63 leaves 0 or -1)
+        in_range = kir.binary("and", yi >= 0, yi < min(bits, 32))
+        return select(in_range, v, fill)
+    ctx.generic(node.outputs[0], out_shape, dt, rule)
 
 
 @register("Max", "Min", "Sum", "Mean")
@@ -266,6 +313,8 @@ def cast(ctx, node):
                 to = helper.np_dtype_to_tensor_dtype(c.dtype)
             else:   # an intermediate whose ONNX type inference did not record: its storage type says enough
                 to = {"f32": 1, "i32": 6, "u32": 12, "bool": 9}[ctx.dtype(like)]
+    if to == 11 and node.outputs[0] not in ctx.graph.outputs:
+        to = 1   # a float64 intermediate is computed in float32 (WGSL has no f64)
     target = ONNX_TO_INTERNAL.get(to)
     if target is None:
         raise Unsupported(f"Cast to ONNX type {to} (WebGPU computes in 32-bit types)")

@@ -76,6 +76,23 @@ def reduce(ctx, node):
         raise Unsupported(f"{node.op} on {ctx.dtype(x)} tensors")
     out_keep = [1 if i in axes else d for i, d in enumerate(s)]
     out_shape = out_keep if keep else [d for i, d in enumerate(s) if i not in axes]
+    red = emit_reduce(ctx, x, axes, mode, bool(node.attr("select_last_index", 0)))
+    if mode in ("argmax", "argmin"):
+        ctx.onnx_types[node.outputs[0]] = 7
+    if dt == "bool":
+        ctx.generic(node.outputs[0], out_shape, "bool",
+                    # > 0, not != 0: an empty max (INT_MIN) is false, an empty min (INT_MAX) true
+                    lambda cs: ctx.read(red, list(cs) if keep else _reinsert(cs, axes, rank)) > 0)
+        return
+    ctx.view(node.outputs[0], red, out_shape)
+
+
+def emit_reduce(ctx, x: str, axes, mode: str, select_last: bool = False) -> str:
+    """A Reduce of `x` over `axes` (any set); returns the result, with the reduced dims kept as 1."""
+    s = list(ctx.shape(x))
+    rank = len(s)
+    axes = sorted(set(axes))
+    out_keep = [1 if i in axes else d for i, d in enumerate(s)]
     src = x
     if axes != list(range(axes[0], axes[-1] + 1)):
         # gather the reduced axes at the end with a transpose
@@ -92,17 +109,10 @@ def reduce(ctx, node):
         outer, r, inner = _split3(tshape, rank - len(axes), rank)
     else:
         outer, r, inner = _split3(s, axes[0], axes[-1] + 1)
-    op = Reduce(name=node.name, out=ctx.temp("red"), nodes=[node.name], x=ctx.buffer(src), mode=mode,
-                outer=outer, r=r, inner=inner, select_last=bool(node.attr("select_last_index", 0)))
+    op = Reduce(name=ctx.node.name, out=ctx.temp("red"), nodes=[ctx.node.name], x=ctx.buffer(src), mode=mode,
+                outer=outer, r=r, inner=inner, select_last=select_last)
     ctx.anchor(op, out_keep, ctx.dtype(src) if mode not in ("argmax", "argmin") else "i32")
-    if mode in ("argmax", "argmin"):
-        ctx.onnx_types[node.outputs[0]] = 7
-    if dt == "bool":
-        ctx.generic(node.outputs[0], out_shape, "bool",
-                    # > 0, not != 0: an empty max (INT_MIN) is false, an empty min (INT_MAX) true
-                    lambda cs: ctx.read(op.out, list(cs) if keep else _reinsert(cs, axes, rank)) > 0)
-        return
-    ctx.view(node.outputs[0], op.out, out_shape)
+    return op.out
 
 
 def _reinsert(cs, axes, rank):

@@ -69,13 +69,18 @@ def _params(ctx, node, shape):
 
 
 def _source_coord(mode, x, scale, in_len, out_len, roi_start, roi_end):
-    """Fractional input coordinate (f32 expr) of output coordinate x (f32 expr)."""
+    """Fractional input coordinate (f32 expr) of output coordinate x (f32 expr).
+
+    As the ONNX reference does, align_corners, pytorch_half_pixel and tf_crop_and_resize
+    use the unrounded output length scale * in_len (it differs from out_len when scales
+    are given)."""
+    out_f = scale * in_len
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_len > 1 else f32(0.0)
+        return (x + 0.5) / scale - 0.5 if out_f != 1 else f32(-0.5)
     if mode == "align_corners":
-        return x * ((in_len - 1) / (out_len - 1)) if out_len > 1 else f32(0.0)
+        return x * ((in_len - 1) / (out_f - 1)) if out_f != 1 else f32(0.0)
     if mode == "asymmetric":
         return x / scale
     if mode == "half_pixel_symmetric":
@@ -84,8 +89,8 @@ def _source_coord(mode, x, scale, in_len, out_len, roi_start, roi_end):
         offset = center * (1.0 - adjustment)
         return offset + (x + 0.5) / scale - 0.5
     if mode == "tf_crop_and_resize":
-        if out_len > 1:
-            return roi_start * (in_len - 1) + x * ((roi_end - roi_start) * (in_len - 1) / (out_len - 1))
+        if out_f != 1:
+            return roi_start * (in_len - 1) + x * ((roi_end - roi_start) * (in_len - 1) / (out_f - 1))
         return f32(0.5 * (roi_start + roi_end) * (in_len - 1))
     raise Unsupported(f"coordinate_transformation_mode {mode!r}")
 
@@ -98,6 +103,44 @@ def _cubic_weights(t, a):
         far = a * d3 - 5.0 * a * d2 + 8.0 * a * d - 4.0 * a
         return near, far
     return [w(t + 1.0)[1], w(t)[0], w(1.0 - t)[0], w(2.0 - t)[1]]
+
+
+def _antialias_taps(xo, scale: float, n: int, mode: str, cubic_a: float, exclude: bool):
+    """(index, weight) taps of an antialiased downsampling filter (the kernel stretched by 1/scale),
+    as the ONNX reference picks them: a fixed footprint around xo, weights normalized."""
+    fl = kir.unary("floor", xo)
+    ratio = select(kir.binary("eq", xo, fl), f32(1.0), xo - fl)
+    if mode == "linear":
+        start = int(math.floor(-1.0 / scale)) + 1
+    else:
+        start = int(math.floor(-2.0 / scale)) + 1
+    count = 2 - 2 * start
+    pad = -(-count // 2)
+    xp = xo + float(pad)
+    p = kir.unary("floor", xp)
+    frac = xp - p
+    if count % 2 == 0:
+        off = select(kir.binary("eq", frac, f32(0.0)), f32(-(count // 2)), f32(-(count // 2) + 1))
+    else:
+        base = -((count - 1) // 2)
+        off = select(frac <= 0.5, f32(base), f32(base + 1))
+    first = kir.cast(p + off, "i32") - pad
+    taps, total = [], None
+    for j in range(count):
+        arg = kir.unary("abs", (float(start + j) - ratio) * scale)
+        if mode == "linear":
+            w = kir.clamp(1.0 - arg, 0.0, 1.0)
+        else:
+            a = cubic_a
+            near = ((a + 2.0) * arg - (a + 3.0)) * arg * arg + 1.0
+            far = ((a * arg - 5.0 * a) * arg + 8.0 * a) * arg - 4.0 * a
+            w = select(arg <= 1.0, near, select(arg < 2.0, far, f32(0.0)))
+        i = first + j
+        if exclude:
+            w = select(kir.binary("and", i >= 0, i < n), w, f32(0.0))
+        taps.append((kir.clamp(i, 0, n - 1), w))
+        total = w if total is None else total + w
+    return [(i, w / total) for i, w in taps]
 
 
 @register("Resize", "Upsample")
@@ -113,12 +156,12 @@ def resize(ctx, node):
     mode = node.attr("mode", "nearest")
     ctm = node.attr("coordinate_transformation_mode", "half_pixel" if node.op == "Resize" and ctx.opset >= 11
                     else "asymmetric")
-    nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
+    # Upsample's nearest mode repeats each element (floor), Resize's rounds
+    nearest_mode = node.attr("nearest_mode", "floor" if node.op == "Upsample" else "round_prefer_floor")
     cubic_a = float(node.attr("cubic_coeff_a", -0.75))
     exclude = bool(node.attr("exclude_outside", 0))
     extrapolation = float(node.attr("extrapolation_value", 0.0))
-    if node.attr("antialias", 0) and any(s < 1 for s in scales) and mode != "nearest":
-        raise Unsupported("antialiased downsampling")
+    antialias = bool(node.attr("antialias", 0)) and mode != "nearest"
     if mode not in ("nearest", "linear", "cubic"):
         raise Unsupported(f"mode {mode!r}")
     resized = [a for a in range(rank) if out_shape[a] != shape[a] or scales[a] != 1.0 or ctm == "tf_crop_and_resize"]
@@ -142,6 +185,8 @@ def resize(ctx, node):
                      "ceil": lambda v: kir.unary("ceil", v)}[nearest_mode](xo)
                 idx = kir.clamp(kir.cast(r, "i32"), 0, n - 1)
                 axis_taps = [(idx, f32(1.0))]
+            elif antialias and scales[a] < 1.0:
+                axis_taps = _antialias_taps(xo, scales[a], n, mode, cubic_a, exclude)
             elif mode == "linear":
                 fl = kir.unary("floor", xo)
                 t = xo - fl

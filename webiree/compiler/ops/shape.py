@@ -189,6 +189,8 @@ def slice_op(ctx, node):
 def gather(ctx, node):
     data, idx = node.inputs[0], node.inputs[1]
     ds, js = ctx.shape(data), ctx.shape(idx)
+    if not ds:
+        raise ShapeError(f"Gather data {data!r} is a scalar; it must have rank >= 1")
     axis = norm_axis(node.attr("axis", 0), len(ds))
     out_shape = list(ds[:axis]) + list(js) + list(ds[axis + 1:])
     n = ds[axis]

@@ -1,0 +1,518 @@
+"""Python in the browser: the same build folder run from Pyodide (python.html) in headless Chromium.
+
+Sites are built with webiree.compile into one temporary root: `mlp` with
+pyodide=True (Pyodide copied into mlp/pyodide/), the others without, beside a
+shared root/pyodide/ (python.html falls back to ../pyodide/). The root is
+served by the project's server and driven by Playwright, like
+tests/test_browser.py; Pyodide comes from node_modules/pyodide (scripts/setup.sh),
+never from a CDN.
+
+Numerics: the same feeds go to onnxruntime (CPU) and to Python-in-Pyodide;
+max |diff| / max |ref| <= 1e-4. The timing test prints Pyodide's boot time, the
+model latency from Python, the JavaScript runtime's latency on the same model
+in the same page, and their difference (the per-inference overhead of Python).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import webiree
+from webiree.bundler import pyodide as P
+from webiree.testing.models import mlp, sample_inputs, small_cnn
+
+from .conftest import assert_close, ort_run
+from .test_browser import CHROMIUM, CHROMIUM_ARGS, b64_feeds, evaluate
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = Path(os.environ.get("WEBIREE_SEED_DIR", ROOT / "tests" / ".data" / "seed"))
+BOOT_TIMEOUT_S = 180
+RUN_TIMEOUT_S = 300
+NUMPY_OF = {"float32": "<f4", "int64": "<i8", "int32": "<i4", "bool": "u1", "uint8": "u1"}
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("pysites")
+
+
+@pytest.fixture(scope="module")
+def sites(root):
+    """name -> (model, feeds); mlp carries its own Pyodide, the rest share root/pyodide/."""
+    built = {}
+    for name, make in {"mlp": mlp, "small_cnn": small_cnn}.items():
+        model = make()
+        webiree.compile(model, root / name, pyodide=(name == "mlp"))
+        built[name] = (model, sample_inputs(model))
+    P.copy_pyodide(root / P.PYODIDE_DIR)
+    return built
+
+
+@pytest.fixture(scope="module")
+def mobilenet(root, sites):
+    """The MobileNetV2 seed model (exported once by tests/seed/export_seed_models.py)."""
+    import onnx
+
+    name = "mobilenet_v2"
+    if not (SEED / f"{name}.ref.npz").exists():
+        SEED.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run([sys.executable, str(ROOT / "tests" / "seed" / "export_seed_models.py"), "--out", str(SEED),
+                            "--only", name], capture_output=True, text=True, timeout=1800)
+        assert p.returncode == 0, f"seed export failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    webiree.compile(SEED / f"{name}.onnx", root / name)
+    model = onnx.load(str(SEED / f"{name}.onnx"))
+    feeds = dict(np.load(SEED / f"{name}.inputs.npz"))
+    ref = dict(np.load(SEED / f"{name}.ref.npz"))
+    return model, feeds, [ref[o.name] for o in model.graph.output]
+
+
+@pytest.fixture(scope="module")
+def server(root, sites):
+    import uvicorn
+
+    from webiree.bundler.server import create_app
+
+    srv = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the webiree server did not start"
+        time.sleep(0.02)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/"
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (scripts/setup.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_python_page(browser, url: str, init_script: str | None = None):
+    """(context, page) with python.html at url booted (body[data-state=ready]) or failed."""
+    ctx = browser.new_context()
+    if init_script:
+        ctx.add_init_script(init_script)
+    pg = ctx.new_page()
+    pg.errors = []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.goto(url)
+    pg.wait_for_selector("body[data-state=ready], body[data-state=error]", timeout=BOOT_TIMEOUT_S * 1000)
+    return ctx, pg
+
+
+@pytest.fixture(scope="module")
+def pypage(browser, server, sites):
+    """One booted python.html (mlp's, with its own pyodide/) for the API tests."""
+    ctx, pg = open_python_page(browser, server + "mlp/python.html")
+    assert pg.get_attribute("body", "data-state") == "ready", pg.inner_text("#status")
+    yield pg
+    ctx.close()
+
+
+# ---------------------------------------------------------------- helpers
+def py(page, code: str, arg=None, timeout_s: float = RUN_TIMEOUT_S):
+    """Run Python `code` in the page's Pyodide (ARG = json of arg); returns json.loads of its value.
+    A Python exception comes back as {'error': last line of the traceback}."""
+    return json.loads(evaluate(page, """async ({code, arg}) => {
+      const p = globalThis.webireePy;
+      p.namespace.set('ARG', JSON.stringify(arg));
+      try { return await p.exec(code); } catch (e) {
+        const lines = String(e.message).trim().split('\\n');
+        return JSON.stringify({error: lines[lines.length - 1], traceback: String(e.message)});
+      }
+    }""", {"code": code, "arg": arg}, timeout_s))
+
+
+RUN_PY = """
+import array, base64, json, time
+import webiree_runtime as wr
+arg = json.loads(ARG)
+CODES = {"float32": "f", "int64": "q", "int32": "i", "bool": "B"}
+
+def tensor(f):
+    a = array.array(CODES[f["type"]])
+    a.frombytes(base64.b64decode(f["data"]))
+    return wr.Tensor(f["type"], a, f["dims"])
+
+feeds = {name: tensor(f) for name, f in arg["feeds"].items()}
+t0 = time.perf_counter()
+sess = await wr.InferenceSession.create(arg["url"])
+create_ms = (time.perf_counter() - t0) * 1e3
+try:
+    outs = await sess.run(None, feeds)
+    result = {
+        "create_ms": create_ms,
+        "inputs": [[a.name, a.shape, a.type] for a in sess.get_inputs()],
+        "outputs": [[a.name, a.shape, a.type] for a in sess.get_outputs()],
+        "out": {o.name: {"type": o.type, "dims": list(o.shape), "cls": type(o.data).__name__,
+                         "data": base64.b64encode(o.data.tobytes()).decode()} for o in outs},
+    }
+finally:
+    await sess.release()
+json.dumps(result)
+"""
+
+
+def decode(r: dict) -> dict:
+    return {k: np.frombuffer(base64.b64decode(v["data"]), NUMPY_OF[v["type"]]).reshape(v["dims"])
+            for k, v in r["out"].items()}
+
+
+def check_outputs(r, model, feeds, ref=None, tol=1e-4):
+    assert "error" not in r, r
+    got = decode(r)
+    ref = ref if ref is not None else ort_run(model, feeds)
+    assert list(got) == [o.name for o in model.graph.output]
+    errs = {}
+    for o, want in zip(model.graph.output, ref):
+        errs[o.name] = assert_close(got[o.name], want, tol, name=o.name)
+    return errs
+
+
+# ---------------------------------------------------------------- the site files (no browser)
+def test_wheel_is_pure_python_and_reproducible(tmp_path):
+    data = P.build_wheel_bytes()
+    assert data == P.build_wheel_bytes()
+    assert len(data) < 64 * 1024, f"the runtime wheel is {len(data)} bytes"
+    z = zipfile.ZipFile(io.BytesIO(data))
+    names = z.namelist()
+    assert "webiree_runtime/__init__.py" in names and "webiree/hal_webgpu/interpreter.py" in names
+    assert not [n for n in names if n.startswith(("webiree/compiler", "webiree/wgsl_codegen", "webiree/bundler"))]
+    assert "webiree/session.py" not in names and "webiree/hal_webgpu/wgpu_driver.py" not in names
+    info = "webiree_runtime-0.1.0.dist-info"
+    assert "Tag: py3-none-any" in z.read(f"{info}/WHEEL").decode()
+    record = {line.split(",")[0]: line for line in z.read(f"{info}/RECORD").decode().splitlines()}
+    assert set(record) == set(names)
+    for n in names:
+        if n != f"{info}/RECORD":
+            assert record[n] == f"{n},{P._record_hash(z.read(n))},{len(z.read(n))}"
+    # it installs with pip and imports with numpy, onnx and wgpu made unimportable
+    whl = P.build_wheel(tmp_path)
+    lib = tmp_path / "lib"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(lib),
+                    str(whl)], check=True, timeout=120)
+    probe = f"""
+import sys
+sys.path.insert(0, {str(lib)!r})
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {P.FORBIDDEN!r}:
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+import webiree_runtime, webiree.hal_webgpu.browser_driver, webiree.hal_webgpu
+assert webiree_runtime.InferenceSession.__module__ == 'webiree.runtime_py'
+assert webiree.__file__.startswith({str(lib)!r}), webiree.__file__
+print('ok')
+"""
+    p = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "ok", p.stderr
+
+
+def test_import_check_rejects_numpy_at_module_level():
+    files = P.wheel_contents() + [("webiree/bad.py", b"import numpy as np\n")]
+    with pytest.raises(webiree.WebireeError, match="imports numpy at module level"):
+        P.check_imports(files)
+    files = P.wheel_contents() + [("webiree/bad.py", b"from .compiler import driver\n")]
+    with pytest.raises(webiree.WebireeError, match="not in the runtime wheel"):
+        P.check_imports(files)
+
+
+def test_site_has_python_page(root, sites):
+    site = root / "small_cnn"
+    html = (site / P.PYTHON_PAGE).read_text()
+    assert P.wheel_name() in html and P.PYODIDE_VERSION in html and "{{" not in html
+    for absolute in ('src="/', 'href="/', "http://", "https://", "jsdelivr", "cdn."):
+        assert absolute not in html.lower(), f"python.html must use relative URLs only ({absolute})"
+    assert (site / P.wheel_name()).read_bytes() == P.build_wheel_bytes()
+    assert not (site / P.PYODIDE_DIR).exists()   # only with pyodide=True
+    for f in P.PYODIDE_FILES:
+        assert (root / "mlp" / P.PYODIDE_DIR / f).read_bytes() == (P.pyodide_dist() / f).read_bytes()
+
+
+def test_native_api_over_wgpu(sites, root):
+    """The Pyodide API is plain async Python: natively it runs over wgpu-py under run_sync."""
+    import array
+
+    import webiree.runtime_py as wr
+    from webiree.hal_webgpu.hal import run_sync
+    from webiree.hal_webgpu.wgpu_driver import WgpuDriver
+    from webiree.module import read_module
+
+    model, feeds = sites["small_cnn"]
+    site = root / "small_cnn"
+    sess = run_sync(wr.InferenceSession.from_module(read_module((site / "model.wrm").read_bytes()),
+                                                    (site / "weights.bin").read_bytes(), WgpuDriver()))
+    (name, x), = feeds.items()
+    outs = run_sync(sess.run(None, {name: (array.array("f", x.ravel().tolist()), x.shape)}))
+    assert [o.name for o in outs] == [o.name for o in model.graph.output]
+    assert all(isinstance(o.data, array.array) for o in outs)
+    for o, want in zip(outs, ort_run(model, feeds)):
+        assert_close(o.numpy(), want)
+    with pytest.raises(webiree.FeedError, match=r"input 'image' must be float32, got float64|must be float32"):
+        run_sync(sess.run(None, {name: (array.array("d", x.ravel()), x.shape)}))
+    with pytest.raises(webiree.FeedError, match="unknown output name"):
+        run_sync(sess.run(["nope"], {name: x}))
+
+
+# ---------------------------------------------------------------- in the browser
+@pytest.mark.parametrize("name", ["mlp", "small_cnn"])
+def test_matches_onnxruntime(pypage, server, sites, name):
+    model, feeds = sites[name]
+    r = py(pypage, RUN_PY, {"url": f"../{name}/", "feeds": b64_feeds(feeds)})
+    check_outputs(r, model, feeds)
+    assert {v["cls"] for v in r["out"].values()} == {"array"}
+    assert r["inputs"] == [[i.name, [d.dim_value for d in i.type.tensor_type.shape.dim], "tensor(float)"]
+                           for i in model.graph.input if i.name in feeds]
+    assert not pypage.errors
+
+
+@pytest.mark.slow
+def test_mobilenet_v2_matches_onnxruntime(pypage, server, mobilenet):
+    model, feeds, ref = mobilenet
+    r = py(pypage, RUN_PY, {"url": "../mobilenet_v2/", "feeds": b64_feeds(feeds)})
+    errs = check_outputs(r, model, feeds, ref)
+    print(f"\n[pyodide] mobilenet_v2: rel. error {errs}, session create {r['create_ms']:.0f} ms")
+
+
+API_PY = """
+import array, json
+import webiree_runtime as wr
+from js import Float32Array
+sess = await wr.InferenceSession.create("../mlp/")
+x = [((i * 7) % 11) / 11 - 0.5 for i in range(4 * 64)]
+r = {}
+try:
+    a = await sess.run(None, {"x": (array.array("f", x), [4, 64])})
+    b = await sess.run(["logits"], {"x": (Float32Array.new(x), [4, 64])})      # a JS typed array
+    c = await sess.run(None, {"x": wr.Tensor("float32", array.array("f", x), (4, 64))})
+    d = await sess.run(None, {"x": array.array("f", x)})                          # the model's shape
+    r["same"] = [a[1].data == b[0].data, a[0].data == c[0].data, a[0].data == d[0].data]
+    r["result"] = [a[0].name, a[0].type, list(a[0].shape), type(a[0].data).__name__, a[0].data.typecode,
+                   len(a[0].memoryview()), repr(a[0])[:20]]
+    try:
+        a[0].numpy()
+        r["numpy"] = "present"
+    except ImportError as e:
+        r["numpy"] = str(e)
+    r["js"] = str(a[0].to_js().constructor.name)
+    errors = {}
+    for label, feeds in {"wrong name": {"y": (array.array("f", x), [4, 64])},
+                         "missing": {},
+                         "wrong shape": {"x": (array.array("f", x), [2, 128])},
+                         "wrong type": {"x": (array.array("d", x), [4, 64])},
+                         "wrong count": {"x": (array.array("f", x[:10]), [4, 64])}}.items():
+        try:
+            await sess.run(None, feeds)
+            errors[label] = "ran"
+        except wr.WebireeError as e:
+            errors[label] = [e.kind, str(e)]
+    r["errors"] = errors
+finally:
+    await sess.release()
+try:
+    await sess.run(None, {"x": (array.array("f", x), [4, 64])})
+except wr.WebireeError as e:
+    r["released"] = str(e)
+try:
+    await wr.InferenceSession.create("../no_such_model/")
+except wr.WebireeError as e:
+    r["missing_site"] = [e.kind, str(e)]
+json.dumps(r)
+"""
+
+
+def test_api(pypage, server):
+    r = py(pypage, API_PY)
+    assert "error" not in r, r
+    assert r["same"] == [True, True, True]
+    assert r["result"][:6] == ["probs", "float32", [4, 10], "array", "f", 40]
+    assert r["numpy"].startswith("numpy is not available here")   # Pyodide offline has no numpy
+    assert r["js"] == "Float32Array"
+    e = r["errors"]
+    assert e["wrong name"] == ["feed", "unknown input name(s) ['y']"]
+    assert e["missing"] == ["feed", "missing input(s) ['x']"]
+    assert e["wrong shape"] == ["feed", "input 'x' has shape (2, 128); the model was compiled for (4, 64)"]
+    assert e["wrong type"] == ["feed", "input 'x' must be float32, got float64"]
+    assert e["wrong count"][0] == "feed" and "has 10 elements" in e["wrong count"][1]
+    assert r["released"] == "the session was released"
+    assert r["missing_site"][0] == "model" and "manifest.json: HTTP 404" in r["missing_site"][1]
+
+
+def test_adapter_limits_too_small(pypage, server, root, sites):
+    from webiree.module import read_module, write_module
+
+    dst = root / "mlp_huge_limits"
+    if not dst.exists():
+        shutil.copytree(root / "small_cnn", dst)
+        m = read_module((dst / "model.wrm").read_bytes())
+        m.limits["max_compute_workgroup_storage_size"] = 1 << 30
+        (dst / "model.wrm").write_bytes(write_module(m))
+    r = py(pypage, """
+import json, webiree_runtime as wr
+try:
+    await wr.InferenceSession.create("../mlp_huge_limits/")
+    out = "created"
+except wr.WebireeError as e:
+    out = [e.kind, str(e), e.hint]
+json.dumps(out)""")
+    assert r[0] == "limits", r
+    assert "the model needs max_compute_workgroup_storage_size = 1073741824, the adapter offers" in r[1]
+
+
+def test_no_webgpu(browser, server, sites):
+    ctx, pg = open_python_page(browser, server + "mlp/python.html", "delete Navigator.prototype.gpu;")
+    try:
+        r = py(pg, """
+import json, webiree_runtime as wr
+try:
+    await wr.InferenceSession.create("./")
+    out = "created"
+except wr.WebireeError as e:
+    out = [e.kind, str(e)]
+json.dumps(out)""")
+        assert r == ["device", "WebGPU is not available in this browser (navigator.gpu is missing)"]
+    finally:
+        ctx.close()
+
+
+def test_python_page_snippet(browser, server, sites, tmp_path):
+    """The page itself: boots from the shared ../pyodide/, runs the editable snippet, reports timings."""
+    ctx, pg = open_python_page(browser, server + "small_cnn/python.html")
+    try:
+        assert pg.get_attribute("body", "data-state") == "ready", pg.inner_text("#status")
+        boot_ms = float(pg.inner_text("#boot-ms"))
+        assert boot_ms > 0
+        assert evaluate(pg, "async () => webireePy.indexURL").endswith("/pyodide/")
+        pg.click("#run")
+        pg.wait_for_selector("body[data-state=done], body[data-state=error]", timeout=RUN_TIMEOUT_S * 1000)
+        out = pg.inner_text("#output")
+        assert pg.get_attribute("body", "data-state") == "done", pg.inner_text("#status") + out
+        assert "Tensor(probs: float32 [1, 10]" in out and "argmax" in out and "latency:" in out
+        latency = float(pg.inner_text("#latency-ms"))
+        assert latency > 0
+        pg.screenshot(path=str(tmp_path / "python.png"), full_page=True)
+        # an edited snippet with a mistake shows the Python error in the page
+        pg.fill("#code", "import webiree_runtime as wr\nsess = await wr.InferenceSession.create('./')\n"
+                         "await sess.run(None, {'nope': [1.0]})")
+        pg.click("#run")
+        pg.wait_for_selector("body[data-state=done], body[data-state=error]", timeout=RUN_TIMEOUT_S * 1000)
+        assert pg.get_attribute("body", "data-state") == "error"
+        assert "FeedError: unknown input name(s) ['nope']" in pg.inner_text("#status")
+        assert not pg.errors
+        print(f"\n[pyodide] python.html: Pyodide boot {boot_ms:.0f} ms, small_cnn latency {latency:.2f} ms (snippet)")
+    finally:
+        ctx.close()
+
+
+def test_python_page_without_pyodide(browser, server, root, sites):
+    """A site without pyodide/ and without a shared copy beside it says how to get one."""
+    lone = root / "lone" / "small_cnn"
+    if not lone.exists():
+        shutil.copytree(root / "small_cnn", lone)
+    ctx, pg = open_python_page(browser, server + "lone/small_cnn/python.html")
+    try:
+        assert pg.get_attribute("body", "data-state") == "error"
+        assert "rebuild it with `webiree build --pyodide`" in pg.inner_text("#status")
+    finally:
+        ctx.close()
+
+
+# ---------------------------------------------------------------- latency: Python vs JavaScript
+BENCH_SETUP_PY = """
+import array, base64, json, time
+import webiree_runtime as wr
+arg = json.loads(ARG)
+CODES = {"float32": "f", "int64": "q", "int32": "i", "bool": "B"}
+bench_feeds = {}
+for name, f in arg["feeds"].items():
+    a = array.array(CODES[f["type"]])
+    a.frombytes(base64.b64decode(f["data"]))
+    bench_feeds[name] = (a, f["dims"])
+bench_sess = await wr.InferenceSession.create(arg["url"])
+await bench_sess.run(None, bench_feeds)
+bench_host = []
+
+async def bench_once():
+    t0 = time.perf_counter()
+    await bench_sess.run(None, bench_feeds)
+    total = (time.perf_counter() - t0) * 1e3
+    bench_host.append(total - bench_sess.driver.gpu_wait_ms)   # Python's own time around the GPU wait
+"""
+
+BENCH_JS = """async ({url, feeds, runs}) => {
+  const p = globalThis.webireePy;
+  const w = await import(url + 'webiree.js');
+  const ARR = {float32: Float32Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array};
+  const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+  const tensors = {};
+  for (const [name, {type, dims, data}] of Object.entries(feeds)) tensors[name] = new w.Tensor(type, new ARR[type](bytes(data).buffer), dims);
+  const js = await w.InferenceSession.create(url);
+  await js.run(tensors);
+  const once = p.namespace.get('bench_once');
+  const py = [], jst = [];
+  for (let i = 0; i < runs; i++) {  // interleaved, so drift in the machine's load hits both alike
+    let t0 = performance.now(); await once(); py.push(performance.now() - t0);
+    t0 = performance.now(); await js.run(tensors); jst.push(performance.now() - t0);
+  }
+  once.destroy();
+  await js.release();
+  const host = p.namespace.get('bench_host').toJs();
+  await p.exec('await bench_sess.release()');
+  return {py, js: jst, host};
+}"""
+
+
+def _bench(page, server, name, feeds, runs):
+    r = py(page, BENCH_SETUP_PY + "\njson.dumps('ok')", {"url": f"../{name}/", "feeds": b64_feeds(feeds)})
+    assert r == "ok", r
+    t = evaluate(page, BENCH_JS, {"url": f"{server}{name}/", "feeds": b64_feeds(feeds), "runs": runs}, RUN_TIMEOUT_S)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    return med
+
+
+@pytest.mark.parametrize("name", ["mlp", "small_cnn", pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
+def test_latency_python_vs_js(request, pypage, server, sites, name):
+    if name == "mobilenet_v2":
+        _, feeds, _ = request.getfixturevalue("mobilenet")
+        runs = 15
+    else:
+        feeds = sites[name][1]
+        runs = 30
+    boot_ms = evaluate(pypage, "async () => webireePy.bootMs")
+    med = _bench(pypage, server, name, feeds, runs)
+    overhead = med["py"] - med["js"]
+    print(f"\n[pyodide] {name}: Pyodide boot {boot_ms:.0f} ms; median of {runs} interleaved runs: "
+          f"Python (Pyodide) {med['py']:.2f} ms, JavaScript {med['js']:.2f} ms, "
+          f"overhead {overhead:+.2f} ms per inference (Python's own time around the GPU wait {med['host']:.2f} ms)")
+    assert med["py"] > 0 and med["js"] > 0
+    # the Python interpreter's own work per inference (feeds, submit, readback copy) stays small
+    assert med["host"] < 20, med

@@ -1,0 +1,104 @@
+"""Normalizations built from the canonical kinds: InstanceNormalization (the
+LayerNorm kind per (n, c) row), LpNormalization (a Reduce and a divide), LRN
+(a Generic summing its channel window), BatchNormalization in training mode
+(Reduce means and variances, then Generic math).
+
+LayerNormalization, RMSNormalization, GroupNormalization and
+MeanVarianceNormalization variants without a handler lower through their ONNX
+function bodies (see expand.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from ...wgsl_codegen import kir
+from ..program import LayerNorm, numel
+from . import Unsupported, register
+from .common import norm_axis
+from .reduce import emit_reduce
+
+
+@register("InstanceNormalization")
+def instance_norm(ctx, node):
+    x, scale, bias = node.inputs[:3]
+    s = ctx.shape(x)
+    if len(s) < 3:
+        raise ShapeError(f"InstanceNormalization needs an N,C,spatial input, got {s}")
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("InstanceNormalization on non-float tensors")
+    r = numel(s[2:])
+    ones = ctx.temp("ones")
+    ctx.set_const(ones, np.ones([r], np.float32))
+    normed = ctx.temp("normed")
+    op = LayerNorm(name=node.name, out=normed, nodes=[node.name], x=ctx.buffer(x), scale=ctx.buffer(ones),
+                   bias="", outer=s[0] * s[1], r=r, eps=float(node.attr("epsilon", 1e-5)))
+    ctx.anchor(op, s)
+    ctx.generic(node.outputs[0], s, "f32",
+                lambda cs: ctx.read(normed, cs) * ctx.read(scale, [cs[1]]) + ctx.read(bias, [cs[1]]))
+
+
+@register("LpNormalization")
+def lp_norm(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    axis = norm_axis(node.attr("axis", -1), len(s))
+    p = int(node.attr("p", 2))
+    if p not in (1, 2):
+        raise ShapeError(f"LpNormalization p must be 1 or 2, got {p}")
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("LpNormalization on non-float tensors")
+    norm = emit_reduce(ctx, x, [axis], "l1" if p == 1 else "l2")
+    def rule(cs):
+        nv = ctx.read(norm, cs[:axis] + [kir.i32(0)] + cs[axis + 1:])
+        return kir.select(kir.binary("eq", nv, kir.f32(0.0)), kir.f32(0.0), ctx.read(x, cs) / nv)   # 0/0 is 0
+    ctx.generic(node.outputs[0], s, "f32", rule)
+
+
+@register("LRN")
+def lrn(ctx, node):
+    x = node.inputs[0]
+    s = ctx.shape(x)
+    size = int(node.attr("size"))
+    alpha, beta = float(node.attr("alpha", 1e-4)), float(node.attr("beta", 0.75))
+    bias = float(node.attr("bias", 1.0))
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    C = s[1]
+
+    def rule(cs):
+        total = None
+        for d in range(-lo, hi + 1):
+            c = cs[1] + d
+            v = ctx.read(x, [cs[0], kir.clamp(c, 0, C - 1)] + cs[2:])
+            term = kir.select(kir.binary("and", c >= 0, c < C), v * v, kir.f32(0.0))
+            total = term if total is None else total + term
+        base = bias + (alpha / size) * total
+        return ctx.read(x, cs) / kir.binary("pow", base, kir.f32(beta))
+    ctx.generic(node.outputs[0], s, "f32", rule)
+
+
+def batchnorm_training(ctx, node):
+    """Y with the batch's own statistics; running mean and variance updated with `momentum`."""
+    x, scale, bias, mean, var = node.inputs[:5]
+    s = ctx.shape(x)
+    eps = float(node.attr("epsilon", 1e-5))
+    momentum = float(node.attr("momentum", 0.9))
+    axes = [0] + list(range(2, len(s)))
+    bmean = emit_reduce(ctx, x, axes, "mean")
+    keep = [1, s[1]] + [1] * (len(s) - 2)
+    at_c = lambda cs: [kir.i32(0), cs[1]] + [kir.i32(0)] * (len(s) - 2)  # noqa: E731
+    sq = ctx.temp("sq")
+    ctx.generic(sq, s, "f32", lambda cs: (lambda d: d * d)(ctx.read(x, cs) - ctx.read(bmean, at_c(cs))))
+    bvar = emit_reduce(ctx, sq, axes, "mean")
+    ctx.generic(node.outputs[0], s, "f32",
+                lambda cs: (ctx.read(x, cs) - ctx.read(bmean, at_c(cs)))
+                * kir.unary("rsqrt", ctx.read(bvar, at_c(cs)) + eps) * ctx.read(scale, [cs[1]])
+                + ctx.read(bias, [cs[1]]))
+    outs = (list(node.outputs) + ["", ""])[1:3]
+    for out, running, batch in zip(outs, (mean, var), (bmean, bvar)):
+        if out:
+            ctx.generic(out, [s[1]], "f32",
+                        lambda cs, r=running, b=batch: ctx.read(r, cs) * momentum
+                        + ctx.read(b, [kir.i32(0), cs[0]] + [kir.i32(0)] * (len(s) - 2)) * (1.0 - momentum))
+    del keep

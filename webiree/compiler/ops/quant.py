@@ -1,0 +1,230 @@
+"""Quantization: QuantizeLinear, DequantizeLinear (per tensor, per axis,
+blocked), MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, and BitCast.
+
+8- and 16-bit integers live in i32 storage. Integer products are summed in
+f32 by the MatMul and Conv kinds: exact while every partial sum stays below
+2^24 in magnitude (8-bit operands and K up to 256 always do), then rounded
+back to integers. DynamicQuantizeLinear lowers through its ONNX function.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from onnx import helper
+
+from ...errors import ShapeError
+from ...wgsl_codegen import kir
+from ...wgsl_codegen.kir import f32, select
+from ..graph import Node, internal_dtype
+from . import Unsupported, register
+from .common import INT_BITS, norm_axis, onnx_type
+
+QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
+_ids = itertools.count()
+
+
+def _param_coords(ctx, name, x_shape, axis, block, cs):
+    """Coordinates into a scale / zero point that is a scalar, per `axis`, or blocked along `axis`."""
+    ps = list(ctx.shape(name))
+    if len(ps) == 0 or int(np.prod(ps)) == 1 and len(ps) <= 1:
+        return [kir.i32(0)] * len(ps)
+    if block:
+        return [c // block if i == axis else c for i, c in enumerate(cs)]
+    if len(ps) == 1:
+        return [cs[axis]]
+    raise ShapeError(f"a scale of shape {tuple(ps)} fits neither per-tensor nor per-axis quantization of {x_shape}")
+
+
+@register("QuantizeLinear")
+def quantize(ctx, node):
+    x, scale = node.inputs[:2]
+    zp = node.input(2)
+    s = ctx.shape(x)
+    axis = int(node.attr("axis", 1))          # (only used by per-axis / blocked parameters)
+    axis = axis + len(s) if axis < 0 else axis
+    block = int(node.attr("block_size", 0))
+    to = int(node.attr("output_dtype", 0)) or (onnx_type(ctx, zp) if zp else 2)
+    if to not in QRANGE:
+        raise Unsupported(f"QuantizeLinear to ONNX type {to}")
+    lo, hi = QRANGE[to]
+
+    def rule(cs):
+        v = ctx.read(x, cs) / ctx.read(scale, _param_coords(ctx, scale, s, axis, block, cs))
+        q = kir.cast(kir.unary("round", v), "i32")       # WGSL round: half to even, as np.rint
+        if zp:
+            q = q + kir.cast(ctx.read(zp, _param_coords(ctx, zp, s, axis, block, cs)), "i32")
+        return kir.clamp(q, lo, hi)
+    ctx.generic(node.outputs[0], s, "i32", rule)
+    ctx.onnx_types[node.outputs[0]] = to
+
+
+@register("DequantizeLinear")
+def dequantize(ctx, node):
+    x, scale = node.inputs[:2]
+    zp = node.input(2)
+    s = ctx.shape(x)
+    axis = int(node.attr("axis", 1))          # (only used by per-axis / blocked parameters)
+    axis = axis + len(s) if axis < 0 else axis
+    block = int(node.attr("block_size", 0))
+    out_t = int(node.attr("output_dtype", 0)) or 1
+    if out_t != 1:
+        raise Unsupported(f"DequantizeLinear to ONNX type {out_t}")
+    if ctx.dtype(x) not in ("i32", "u32"):
+        raise Unsupported(f"DequantizeLinear of {ctx.dtype(x)} tensors")
+
+    def rule(cs):
+        v = kir.cast(ctx.read(x, cs), "f32")
+        if zp:
+            v = v - kir.cast(ctx.read(zp, _param_coords(ctx, zp, s, axis, block, cs)), "f32")
+        return v * ctx.read(scale, _param_coords(ctx, scale, s, axis, block, cs))
+    ctx.generic(node.outputs[0], s, "f32", rule)
+
+
+def _node(ctx, op, inputs, outputs, opset=18, **attrs) -> Node:
+    """A helper node at a fixed opset (so its input/attribute forms are known)."""
+    proto = helper.make_node(op, list(inputs), list(outputs), **attrs)
+    from ..expand import to_node
+    return to_node(proto, f"{ctx.node.name}/{op}_{next(_ids)}", opset)
+
+
+def _centered(ctx, x, zp, axis_of_zp):
+    """f32 (x - zero point); a 1-D zero point applies along `axis_of_zp` of x."""
+    out = ctx.temp("centered")
+    s = ctx.shape(x)
+
+    def rule(cs):
+        v = kir.cast(ctx.read(x, cs), "f32")
+        if zp:
+            zs = ctx.shape(zp)
+            c = [kir.i32(0)] * len(zs) if int(np.prod(zs)) == 1 else [cs[axis_of_zp % len(s)]]
+            v = v - kir.cast(ctx.read(zp, c), "f32")
+        return v
+    ctx.generic(out, s, "f32", rule)
+    return out
+
+
+def _to_int32(ctx, src, out):
+    ctx.generic(out, ctx.shape(src), "i32", lambda cs: kir.cast(kir.unary("round", ctx.read(src, cs)), "i32"))
+    ctx.onnx_types[out] = 6
+
+
+@register("MatMulInteger")
+def matmul_integer(ctx, node):
+    a, b = node.inputs[:2]
+    a2 = _centered(ctx, a, node.input(2), -2)
+    b2 = _centered(ctx, b, node.input(3), -1)
+    prod = ctx.temp("prod")
+    ctx.expand([_node(ctx, "MatMul", [a2, b2], [prod]),
+                _node(ctx, "Round", [prod], [node.outputs[0] + ":f"]),
+                _node(ctx, "Cast", [node.outputs[0] + ":f"], [node.outputs[0]], to=6)])
+
+
+@register("ConvInteger")
+def conv_integer(ctx, node):
+    x, w = node.inputs[:2]
+    x2 = _centered(ctx, x, node.input(2), 1)
+    w2 = _centered(ctx, w, node.input(3), 0)
+    prod = ctx.temp("prod")
+    attrs = {k: v for k, v in node.attrs.items()}
+    ctx.expand([_node(ctx, "Conv", [x2, w2], [prod], **attrs),
+                _node(ctx, "Round", [prod], [node.outputs[0] + ":f"]),
+                _node(ctx, "Cast", [node.outputs[0] + ":f"], [node.outputs[0]], to=6)])
+
+
+def _requantize(ctx, acc, scale_exprs, zp, to, out, channel_axis=None):
+    """out = saturate(round(acc * scale) + zp) in ONNX type `to`."""
+    lo, hi = QRANGE[to]
+    s = ctx.shape(acc)
+
+    def rule(cs):
+        v = ctx.read(acc, cs) * scale_exprs(cs)
+        if zp:
+            v = v + kir.cast(ctx.read_flat(zp, kir.i32(0)), "f32")
+        return kir.cast(kir.clamp(kir.unary("round", v), float(lo), float(hi)), "i32")
+    ctx.generic(out, s, "i32", rule)
+    ctx.onnx_types[out] = to
+
+
+@register("QLinearMatMul")
+def qlinear_matmul(ctx, node):
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = (list(node.inputs) + [""] * 8)[:8]
+    to = onnx_type(ctx, y_zp) if y_zp else onnx_type(ctx, a)
+    if to not in QRANGE:
+        raise Unsupported(f"QLinearMatMul to ONNX type {to}")
+    for sc in (a_s, b_s, y_s):
+        if int(np.prod(ctx.shape(sc))) != 1:
+            raise Unsupported("QLinearMatMul with per-axis scales")
+    a2 = _centered(ctx, a, a_zp, -2)
+    b2 = _centered(ctx, b, b_zp, -1)
+    prod = ctx.temp("prod")
+    out = node.outputs[0]
+    ctx.expand([_node(ctx, "MatMul", [a2, b2], [prod]),
+                Node(f"{ctx.node.name}/requant", "Requantize", [prod, a_s, b_s, y_s, y_zp], [out],
+                     {"to": to}, "webiree", None, ctx.node.opset)])
+
+
+@register("QLinearConv")
+def qlinear_conv(ctx, node):
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = (list(node.inputs) + [""] * 8)[:8]
+    bias = node.input(8)
+    to = onnx_type(ctx, y_zp) if y_zp else onnx_type(ctx, x)
+    if to not in QRANGE:
+        raise Unsupported(f"QLinearConv to ONNX type {to}")
+    x2 = _centered(ctx, x, x_zp, 1)
+    w2 = _centered(ctx, w, w_zp, 0)
+    prod = ctx.temp("prod")
+    attrs = {k: v for k, v in node.attrs.items()}
+    # (an int32 bias, in units of x_scale * w_scale, is added by the requantization)
+    ctx.expand([_node(ctx, "Conv", [x2, w2], [prod], **attrs),
+                Node(f"{ctx.node.name}/requant", "Requantize", [prod, x_s, w_s, y_s, y_zp, bias],
+                     [node.outputs[0]], {"to": to, "channel_axis": 1}, "webiree", None, ctx.node.opset)])
+
+
+@register("webiree.Requantize")
+def requantize(ctx, node):
+    acc, a_s, b_s, y_s, y_zp, bias = (list(node.inputs) + [""])[:6]
+    ch = node.attrs.get("channel_axis")
+    if bias:
+        biased = ctx.temp("biased")
+        ctx.generic(biased, ctx.shape(acc), "f32",
+                    lambda cs: ctx.read(acc, cs) + kir.cast(ctx.read(bias, [cs[ch]]), "f32"))
+        acc = biased
+
+    def scale(cs):
+        bs = ctx.read_flat(b_s, cs[ch] if ch is not None and int(np.prod(ctx.shape(b_s))) > 1 else kir.i32(0))
+        return ctx.read_flat(a_s, kir.i32(0)) * bs / ctx.read_flat(y_s, kir.i32(0))
+    _requantize(ctx, acc, scale, y_zp, node.attrs["to"], node.outputs[0])
+
+
+@register("BitCast")
+def bitcast(ctx, node):
+    x = node.inputs[0]
+    to = int(node.attr("to"))
+    src_t = onnx_type(ctx, x)
+    dt = internal_dtype(to)
+    if dt is None:
+        raise Unsupported(f"BitCast to ONNX type {to}")
+    widths = {1: 32, 6: 32, 12: 32, 2: 8, 3: 8, 9: 8, 4: 16, 5: 16}
+    if widths.get(src_t) is None or widths.get(to) is None or widths[src_t] != widths[to]:
+        raise Unsupported(f"BitCast from ONNX type {src_t} to {to} (only same-width types up to 32 bits)")
+    src_dt = ctx.dtype(x)
+
+    def rule(cs):
+        v = ctx.read(x, cs)
+        if widths[to] == 32:
+            return kir.bitcast(v, dt)
+        # 8/16-bit types live in i32 (bool in u32): reinterpret the low bits in the target type
+        v = kir.cast(v, "i32") if src_dt != "i32" else v
+        bits, signed = INT_BITS.get(to, (8, False))
+        if to == 9:
+            return kir.binary("ne", v, kir.i32(0))
+        v = kir.binary("shl", v, kir.i32(32 - bits))
+        return kir.binary("shr", v, kir.i32(32 - bits)) if signed else \
+            kir.cast(kir.binary("shr", kir.bitcast(v, "u32"), kir.const(32 - bits, "u32")), "i32")
+    ctx.generic(node.outputs[0], ctx.shape(x), dt, rule)
+    ctx.onnx_types[node.outputs[0]] = to
+
+
+__all__ = ["f32", "select"]

@@ -1,0 +1,330 @@
+"""webiree's Python API for the browser (Pyodide), shipped as `webiree_runtime`.
+
+    import webiree_runtime as wr
+    sess = await wr.InferenceSession.create("./")          # a build folder's URL
+    print(sess.get_inputs())                                 # [NodeArg(name, shape, type)]
+    outs = await sess.run(None, {"x": (array.array("f", values), [1, 64])})
+    outs[0].data, outs[0].shape, outs[0].type                # array.array, (1, 10), 'float32'
+    outs[0].numpy()                                          # only where numpy is importable
+
+It mirrors the native `webiree.InferenceSession` (onnxruntime style) with
+`await` on create and run. Feeds are `{name: value}` where value is
+`(data, shape)`, `(data, shape, type)`, a `Tensor`, or bare data (the model's
+shape); data is an array.array, a JS typed array (from `js`), a memoryview,
+bytes in the model's element type, a flat list, or a numpy array when numpy
+is there. Results are `Tensor`s holding an array.array.
+
+The schedule is run by the same `Interpreter` as natively, over
+`BrowserDriver` (navigator.gpu). Standard library + Pyodide only: no numpy.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import base64
+import json
+
+from ..errors import DeviceError, FeedError, ModelError, WebireeError
+from ..hal_webgpu.feeds import ONNX_TYPE_NAMES, check_shape, decode_output, encode_input, type_name
+from ..hal_webgpu.interpreter import Interpreter
+from ..module.format import ModuleFormatError, read_module
+
+__version__ = "0.1.0"
+__all__ = ["InferenceSession", "Tensor", "NodeArg", "WebireeError", "FeedError", "DeviceError", "ModelError",
+           "load_sample", "fetch_bytes", "__version__"]
+
+TYPE_OF_NAME = {v: k for k, v in ONNX_TYPE_NAMES.items()}
+# array typecode (and item size, for the C long codes) -> ONNX element type
+_INT_TYPES = {("b", 1): 3, ("B", 1): 2, ("h", 2): 5, ("H", 2): 4, ("i", 4): 6, ("I", 4): 12, ("l", 4): 6,
+              ("L", 4): 12, ("l", 8): 7, ("L", 8): 13, ("q", 8): 7, ("Q", 8): 13, ("f", 4): 1, ("d", 8): 11}
+_HOST = {1: "f", 2: "B", 3: "b", 4: "H", 5: "h", 6: "i", 7: "q", 9: "B", 11: "d", 12: "I", 13: "Q"}
+_TYPED_ARRAYS = {"Float32Array": 1, "Float64Array": 11, "Int8Array": 3, "Uint8Array": 2, "Uint8ClampedArray": 2,
+                 "Int16Array": 5, "Uint16Array": 4, "Int32Array": 6, "Uint32Array": 12, "BigInt64Array": 7,
+                 "BigUint64Array": 13}
+_NUMPY = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "bool", 11: "<f8", 12: "<u4",
+          13: "<u8"}
+_ORT = {1: "tensor(float)", 7: "tensor(int64)", 6: "tensor(int32)", 9: "tensor(bool)"}
+
+
+class NodeArg:
+    """An input or output: name, shape, and type as onnxruntime spells it ('tensor(float)')."""
+
+    __slots__ = ("name", "shape", "type")
+
+    def __init__(self, name, shape, type):  # noqa: A002 - onnxruntime's attribute name
+        self.name, self.shape, self.type = name, shape, type
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, shape={self.shape}, type={self.type!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, NodeArg) and (self.name, self.shape, self.type) == (other.name, other.shape, other.type)
+
+
+def _onnx_type(t) -> int:
+    if isinstance(t, int):
+        return t
+    if t in TYPE_OF_NAME:
+        return TYPE_OF_NAME[t]
+    raise FeedError(f"unknown tensor type {t!r}", hint=f"use one of {sorted(TYPE_OF_NAME)}")
+
+
+class Tensor:
+    """A tensor on the host: `data` is an array.array in the ONNX element type
+    (bool as 'B' 0/1), `shape` a tuple, `type` a name such as 'float32'."""
+
+    __slots__ = ("name", "type", "onnx_type", "shape", "data")
+
+    def __init__(self, type, data, shape=None, name: str = ""):  # noqa: A002
+        self.onnx_type = _onnx_type(type)
+        self.type = type_name(self.onnx_type)
+        self.data = data
+        self.shape = tuple(int(d) for d in shape) if shape is not None else (len(data),)
+        self.name = name
+
+    @property
+    def dims(self) -> list:
+        return list(self.shape)
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def tolist(self) -> list:
+        return list(self.data)
+
+    def memoryview(self) -> memoryview:
+        return memoryview(self.data)
+
+    def numpy(self):
+        """A numpy view of the data, shaped (needs numpy: `await pyodide.loadPackage('numpy')`)."""
+        try:
+            import numpy as np
+        except ImportError:
+            raise ImportError("numpy is not available here; use .data (an array.array) or .tolist()") from None
+        a = np.frombuffer(self.data, dtype="u1" if self.onnx_type == 9 else _NUMPY[self.onnx_type])
+        return (a.astype(bool) if self.onnx_type == 9 else a).reshape(self.shape)
+
+    def to_js(self):
+        """The data as a JS typed array (a copy; Pyodide only)."""
+        from pyodide.ffi import to_js
+        return to_js(memoryview(self.data))
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        head = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in self.data[:6])
+        more = ", ..." if len(self.data) > 6 else ""
+        label = f"{self.name}: " if self.name else ""
+        return f"Tensor({label}{self.type} {list(self.shape)} [{head}{more}])"
+
+
+def _host_array(data):
+    """(array.array or bytes, ONNX type or None, shape or None) of a feed's data."""
+    if isinstance(data, array.array):
+        return data, _INT_TYPES.get((data.typecode, data.itemsize)), None
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data), None, None
+    if isinstance(data, memoryview):
+        fmt = data.format.lstrip("<=@")
+        if fmt in ("B", "b", "h", "H", "i", "I", "l", "L", "q", "Q", "f", "d"):
+            t = _INT_TYPES.get((fmt, data.itemsize))
+            a = array.array(_HOST[t] if t else "B")
+            a.frombytes(data.tobytes())
+            return a, t, tuple(data.shape) if data.ndim > 1 else None
+        return data.tobytes(), None, None
+    ctor = type(data).__name__
+    if ctor.startswith("Js"):   # a JS typed array from Pyodide
+        name = str(getattr(getattr(data, "constructor", None), "name", ""))
+        t = _TYPED_ARRAYS.get(name)
+        if t is None:
+            raise FeedError(f"cannot feed a JS {name or 'object'}; pass a typed array (Float32Array, ...)")
+        a = array.array(_HOST[t])
+        a.frombytes(data.to_bytes())
+        return a, t, None
+    if hasattr(data, "__array_interface__") and hasattr(data, "dtype"):   # numpy, when it is there
+        kind, size = data.dtype.kind, data.dtype.itemsize
+        t = 9 if kind == "b" else {("f", 4): 1, ("f", 8): 11, ("i", 1): 3, ("u", 1): 2, ("i", 2): 5, ("u", 2): 4,
+                                   ("i", 4): 6, ("u", 4): 12, ("i", 8): 7, ("u", 8): 13}.get((kind, size))
+        if t is None:
+            raise FeedError(f"cannot feed numpy dtype {data.dtype}")
+        a = array.array(_HOST[t])
+        a.frombytes(data.astype(data.dtype.newbyteorder("<")).tobytes(order="C"))
+        return a, t, tuple(data.shape)
+    if isinstance(data, (list, tuple, range)):
+        return list(data), None, None
+    raise FeedError(f"cannot feed a {ctor}",
+                    hint="pass an array.array, a JS typed array, bytes, a list, or (data, shape)")
+
+
+def _feed(io, value):
+    """(data, onnx_type) for Interpreter feeds, checked against the module's input `io`."""
+    shape = want = None
+    if isinstance(value, Tensor):
+        data, shape, want = value.data, value.shape, value.onnx_type
+    elif isinstance(value, tuple) and len(value) in (2, 3) and not all(isinstance(v, (int, float)) for v in value):
+        data, shape = value[0], value[1]
+        if len(value) == 3:
+            want = _onnx_type(value[2])
+    else:
+        data = value
+    data, natural, natural_shape = _host_array(data)
+    if want is None:
+        want = natural
+    if want == 2 and io.onnx_type == 9:   # Uint8Array / 'B' data feeds a bool input
+        want = 9
+    if want is None:
+        want = io.onnx_type
+    if shape is None:
+        shape = natural_shape if natural_shape is not None else io.shape
+    if not isinstance(shape, (list, tuple)):
+        shape = [int(d) for d in shape]   # a JS array of dims
+    check_shape(io, shape)
+    return data, want
+
+
+async def fetch_bytes(url: str) -> bytes:
+    """GET url (relative to the page) as bytes; ModelError on an HTTP or network failure."""
+    import js
+    from pyodide.ffi import JsException
+    try:
+        response = await js.fetch(url)
+    except JsException as e:
+        raise ModelError(f"cannot fetch {url}: {getattr(e, 'message', e)}",
+                         hint="serve the build folder over http(s), e.g. `webiree serve DIR`") from None
+    if not response.ok:
+        raise ModelError(f"cannot fetch {url}: HTTP {response.status}", hint="is this a webiree build folder?")
+    return (await response.arrayBuffer()).to_bytes()
+
+
+def _base(url: str) -> str:
+    import js
+    return str(js.URL.new(url if url.endswith("/") else url + "/", js.location.href).href)
+
+
+async def load_sample(url: str = "./") -> dict:
+    """The build folder's sample input (sample.json) as {name: Tensor}."""
+    text = await fetch_bytes(_base(url) + "sample.json")
+    feeds = {}
+    for e in json.loads(text)["inputs"]:
+        t = _onnx_type(e["type"])
+        a = array.array(_HOST[t])
+        a.frombytes(base64.b64decode(e["data"]))
+        feeds[e["name"]] = Tensor(t, a, e["dims"], e["name"])
+    return feeds
+
+
+class InferenceSession:
+    """One model on one WebGPU device. Create with `await InferenceSession.create(url)`."""
+
+    def __init__(self, module, interpreter, driver, manifest=None, url=None):
+        self.module = module
+        self.interp = interpreter
+        self.driver = driver
+        self.manifest = manifest or {}
+        self.url = url
+        self.last_profile = None
+        self._lock = asyncio.Lock()
+        self._released = False
+
+    @classmethod
+    async def create(cls, url: str = "./", *, timeout_ms: int = 30000, power_preference: str = "high-performance"):
+        """Fetch a build folder (manifest.json, model.wrm, weights.bin) and prepare it on a new device."""
+        from ..hal_webgpu.browser_driver import BrowserDriver
+        base = _base(url)
+        manifest_url = base + "manifest.json"
+        try:
+            manifest = json.loads(await fetch_bytes(manifest_url))
+        except ValueError:
+            raise ModelError(f"{manifest_url} is not JSON", hint="is this a webiree build folder?") from None
+        files = manifest.get("files") or {}
+        module_file, weights_file = files.get("module", "model.wrm"), files.get("weights", "weights.bin")
+        # both downloads run concurrently with each other (JS fetches start before the first await)
+        module_job = asyncio.ensure_future(fetch_bytes(base + module_file))
+        weights_job = asyncio.ensure_future(fetch_bytes(base + weights_file))
+        module_bytes, weights = await module_job, await weights_job
+        module = _read(module_bytes, module_file)
+        driver = await BrowserDriver.create(module.limits, timeout_ms=timeout_ms, power_preference=power_preference)
+        try:
+            return await cls.from_module(module, weights, driver, manifest, base)
+        except BaseException:
+            await driver.release()
+            raise
+
+    @classmethod
+    async def from_module(cls, module, weights, driver, manifest=None, url=None):
+        """A session over any HAL driver (the browser's, or natively wgpu-py's under `run_sync`)."""
+        interp = Interpreter(module, driver, weights)
+        if hasattr(driver, "push_error_scopes"):
+            driver.push_error_scopes()
+            try:
+                await interp.prepare()
+            finally:
+                await driver.pop_error_scopes("preparing it")
+        else:
+            await interp.prepare()
+        return cls(module, interp, driver, manifest, url)
+
+    def get_inputs(self) -> list:
+        return [NodeArg(io.name, list(io.shape), _ORT.get(io.onnx_type, f"tensor({type_name(io.onnx_type)})"))
+                for io in self.module.inputs]
+
+    def get_outputs(self) -> list:
+        return [NodeArg(io.name, list(io.shape), _ORT.get(io.onnx_type, f"tensor({type_name(io.onnx_type)})"))
+                for io in self.module.outputs]
+
+    async def run(self, output_names, input_feed, *, profile: bool = False) -> list:
+        """Run once. Returns a list of Tensor (all outputs, or those named), in order."""
+        if self._released:
+            raise DeviceError("the session was released", hint="create a new session")
+        if hasattr(input_feed, "to_py") and not isinstance(input_feed, dict):
+            input_feed = input_feed.to_py(depth=1)   # a JS object / Map of feeds
+        if not isinstance(input_feed, dict):
+            raise FeedError("feeds must be a dict {input name: (data, shape)}")
+        by_name = {io.name: io for io in self.module.inputs}
+        unknown = sorted(set(input_feed) - set(by_name))
+        if unknown:
+            raise FeedError(f"unknown input name(s) {unknown}", hint=f"the model's inputs are {list(by_name)}")
+        missing = [n for n in by_name if n not in input_feed]
+        if missing:
+            raise FeedError(f"missing input(s) {missing}", hint=f"the model's inputs are {list(by_name)}")
+        names = [io.name for io in self.module.outputs]
+        if output_names is not None:
+            output_names = list(output_names)
+            bad = [n for n in output_names if n not in names]
+            if bad:
+                raise FeedError(f"unknown output name(s) {bad}", hint=f"the model's outputs are {names}")
+        enc = {}
+        for name, value in input_feed.items():
+            io = by_name[name]
+            data, onnx_type = _feed(io, value)
+            enc[name] = encode_input(io, data, onnx_type)
+        async with self._lock:   # one run at a time: they share the input and readback buffers
+            raw, times = await self.interp.run_raw(enc, profile)
+        if profile and times is not None:
+            ds = self.module.info.get("dispatches") or []
+            self.last_profile = [(ds[i]["name"] if i < len(ds) else f"dispatch {i}", t / 1e6)
+                                 for i, t in enumerate(times)]
+        outs = {}
+        for io in self.module.outputs:
+            data, t = decode_output(io, raw[io.name])
+            outs[io.name] = Tensor(t, data, io.shape, io.name)
+        return [outs[n] for n in (output_names if output_names is not None else names)]
+
+    async def release(self):
+        """Destroy the GPU buffers and the device; the session cannot run afterwards."""
+        if self._released:
+            return
+        async with self._lock:
+            self._released = True
+            if hasattr(self.driver, "release"):
+                await self.driver.release()
+
+
+def _read(data: bytes, file: str = "model.wrm"):
+    try:
+        return read_module(data)
+    except ModuleFormatError as e:
+        raise ModelError(f"{file} is corrupt: {e}", hint="rebuild the model with this version of webiree") from None

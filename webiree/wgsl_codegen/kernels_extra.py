@@ -1,0 +1,33 @@
+"""Builders for the op kinds of compiler/program_extra.py (registered with `builder_for`)."""
+
+from __future__ import annotations
+
+from ..compiler.program import O, numel
+from ..compiler.program_extra import LOOP_K, Loop, acc_vars
+from . import kir
+from .kernels import builder_for, epilogue, grid_for, lid, linear_wid
+from .kir import Assign, Decl, For, If, Let, Store, i32
+
+
+@builder_for(Loop)
+def build_loop(op: Loop, prog, cfg, limits, b):
+    """One invocation per output element, folding `count` steps sequentially."""
+    wg = cfg.workgroup_size[0]
+    n = numel(prog.tensors[op.out].shape)
+    out = b.name(op.out)
+    accs = acc_vars(op.dtypes)
+    work = [Decl(a.attr, dt, b.expr(init)) for a, dt, init in zip(accs, op.dtypes, op.inits)]
+    step = []
+    if len(accs) == 1:
+        step.append(Assign(accs[0].attr, b.expr(op.updates[0])))
+    else:   # every accumulator is updated from the old values
+        for a, upd in zip(accs, op.updates):
+            step.append(Let(f"n{a.attr}", b.expr(upd)))
+        for a in accs:
+            step.append(Assign(a.attr, kir.var(f"n{a.attr}", a.dtype)))
+    if op.count > 0:
+        work.append(For(LOOP_K.attr, i32(0), i32(op.count), step))
+    res = b.expr(op.result if op.result is not None else accs[0])
+    work.append(Store(out, O, epilogue(op, b, res, O)))
+    body = [Let("o", linear_wid() * wg + lid()), If(O < n, work)]
+    return body, [], grid_for(-(-n // wg), limits)
