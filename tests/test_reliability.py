@@ -13,6 +13,7 @@ The mutated-model fuzzer is tests/test_fuzz.py; the dev server is tests/test_ser
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import subprocess
@@ -239,6 +240,7 @@ def test_failed_session_creation_frees_its_buffers(tmp_path, mlp_build):
     from webiree.hal_webgpu.wgpu_driver import WgpuDriver
 
     webiree.InferenceSession(mlp_build).close()
+    gc.collect()      # sessions of earlier tests release their buffers now, not during the test
     before = WgpuDriver.process_live_buffers()
     d = _copy_build(mlp_build, tmp_path / "b")
     (d / "weights.bin").write_bytes(b"\0" * 8)
@@ -596,6 +598,7 @@ def test_soak_one_session_2000_inferences(tmp_path, capsys):
     webiree.compile(model, tmp_path)
     sess = webiree.InferenceSession(tmp_path)
     rng = np.random.default_rng(7)
+    gc.collect()
     buffers0 = sess.driver.live_buffers
     process0 = WgpuDriver.process_live_buffers()
     assert buffers0 > 0
@@ -634,10 +637,14 @@ def test_many_sessions_do_not_leak_buffers(tmp_path):
     x = models.sample_inputs(models.mlp())
     with webiree.InferenceSession(tmp_path) as s:
         s.run(None, x)
+    gc.collect()
     before = WgpuDriver.process_live_buffers()
     for _ in range(20):
         with webiree.InferenceSession(tmp_path) as s:
             s.run(None, x)
+    for _ in range(20):              # dropped without close(): freed when collected
+        webiree.InferenceSession(tmp_path).run(None, x)
+    gc.collect()
     assert WgpuDriver.process_live_buffers() == before
 
 
@@ -680,3 +687,12 @@ def test_limits_above_u32_are_capped_in_the_module(tmp_path):
     res = webiree.compile(models.mlp(), tmp_path, limits={"max_buffer_size": 1 << 40})
     assert res.module.limits["max_buffer_size"] == 0xFFFFFFFF
     assert read_module((tmp_path / "model.wrm").read_bytes()).limits["max_buffer_size"] == 0xFFFFFFFF
+
+
+def test_feeds_that_are_not_arrays(mlp_build):
+    sess = webiree.InferenceSession(mlp_build)
+    for bad in ([[1.0, 2.0], [3.0]], "abc", None, object()):
+        with pytest.raises(webiree.FeedError):
+            sess.run(None, {"x": bad})
+    with pytest.raises(webiree.FeedError):
+        sess.run(None, [np.zeros((4, 64), np.float32)])

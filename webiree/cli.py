@@ -159,6 +159,17 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench import bench
+    from .errors import ModelError
+
+    if not Path(args.model).is_file():
+        raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
+    bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
+          _parse_shapes(args.input_shape), args.json)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo_model import run_demo
 
@@ -200,6 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--isolate", action="store_true", help="send COOP/COEP headers")
     s.set_defaults(fn=cmd_serve)
+
+    bn = sub.add_parser("bench", help="median latency vs. onnxruntime (and IREE), GFLOP/s, memory")
+    bn.add_argument("model", help="an .onnx file")
+    bn.add_argument("--runs", type=int, default=20)
+    bn.add_argument("--warmup", type=int, default=3)
+    bn.add_argument("--limits", default="adapter", choices=["default", "adapter"])
+    bn.add_argument("--inputs", help=".npz of inputs keyed by input name (default: seeded random)")
+    bn.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...")
+    bn.add_argument("--iree", action="store_true", help="also run IREE vulkan-spirv and llvm-cpu (pip install -e .[iree])")
+    bn.add_argument("--json", help="write the report as JSON")
+    bn.set_defaults(fn=cmd_bench)
 
     d = sub.add_parser("demo", help="build the demo model, run it natively, compare with onnxruntime")
     d.add_argument("--out", default="site", help="where to write the site")

@@ -16,7 +16,10 @@ webiree compiles static shapes. An input that only *parameterizes a shape*
 ... see `SHAPE_PARAMETERS`) must be known when compiling; when a model takes
 such a value as a graph input, compilation is deferred to the first `run`
 and the value is baked into the model as a constant (one compiled session per
-distinct value). Data inputs always stay run-time inputs.
+distinct value). A graph input from which such a parameter is *computed*
+(through any ops but Shape/Size, subgraphs included) counts too, if it is an
+integer tensor or a scalar; float data tensors always stay run-time inputs.
+`WebireeRep.deferred` lists the inputs a model compiles in.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ SHAPE_PARAMETERS = {
     "Unsqueeze": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
     "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
     "ReduceSumSquare": (1,), "OneHot": (1,), "CumSum": (1,), "CumProd": (1,), "Range": (0, 1, 2),
-    "CenterCropPad": (1, 2), "Col2Im": (1, 2), "DFT": (1, 2), "AffineGrid": (1,),
+    "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (1, 2), "AffineGrid": (1,),
     "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1, 2, 3, 4),
     "STFT": (1, 3), "MaxUnpool": (2,),
     "Loop": (0, 1),          # the trip count and the initial condition decide how many iterations (and outputs)

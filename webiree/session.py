@@ -93,7 +93,11 @@ class InferenceSession:
         return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type)) for io in self.module.outputs]
 
     def _encode(self, io, value) -> bytes:
-        a = np.asarray(value)
+        try:
+            a = np.asarray(value)
+        except Exception as e:
+            raise FeedError(f"input {io.name!r} is not an array ({type(e).__name__}: {str(e)[:120]})",
+                            hint="feed a numpy array") from None
         want = NUMPY_OF_ONNX[io.onnx_type]
         if a.dtype != want:
             if a.dtype.kind in "iu" and np.dtype(want).kind in "iu" and a.size and \

@@ -194,14 +194,16 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
     outputs = [io(n, shown) for n, shown in zip(prog.outputs, prog.output_names)]
     commands = [(F.OP_UPLOAD_INPUT, i) for i in range(len(inputs))]
     info_dispatches = []
-    for d, ex in zip(dispatches, exec_of):
+    from .program import op_flops
+    for d, ex, op in zip(dispatches, exec_of, prog.ops):
         binds = []
         for slot, tensor in enumerate(d.tensors):
             p = plan.placement[prog.root(tensor)]
             binds.append((slot, p.buffer, p.offset, p.size))
         commands.append((F.OP_DISPATCH, ex, *d.grid, binds))
         info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": list(d.grid),
-                                "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors})
+                                "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors,
+                                "flops": op_flops(op)})
     commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
     info = {
         "model": prog.name,

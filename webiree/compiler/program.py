@@ -266,3 +266,13 @@ class Program:
             t = self.tensors[op.out]
             lines.append(f"  {op.kind:<9} {op.name:<28} -> {op.out} {t.shape} {t.dtype}  reads {op.reads()}  from {op.nodes}")
         return "\n".join(lines)
+
+
+def op_flops(op: Op) -> int:
+    """Floating-point operations of a contraction or convolution (2 per multiply-add); 0 otherwise."""
+    if isinstance(op, MatMul):
+        return 2 * max(numel(op.batch), 1) * op.m * op.n * op.k
+    if isinstance(op, Conv):
+        n, m = op.out_shape[0], op.out_shape[1]
+        return 2 * n * m * numel(op.out_shape[2:]) * op.w_shape[1] * numel(op.w_shape[2:])
+    return 0

@@ -9,9 +9,10 @@ wgsl_codegen/kernels_extra.py.
 
   Ops whose every output element is a fold over a known number of steps lower
   to it: cumulative sums and products, scatters (the updates in order, so
-  duplicates and reductions are exact), ConvTranspose and Col2Im (the input
-  positions that reach an output), DFT, TopK's rank counting, MaxPool's
-  argmax, MaxUnpool. Expressions read tensors with `load(tensor, index)` like
+  duplicates and reductions are exact), ConvTranspose, Col2Im and DeformConv
+  (the input positions that reach an output), RoiAlign's samples, DFT and
+  STFT, Einsum, TopK's rank counting, MaxPool's argmax, MaxUnpool (see
+  compiler/ops/loops.py). Expressions read tensors with `load(tensor, index)` like
   Generic's and use the vars `LOOP_K` and `acc_vars(...)`.
 """
 

@@ -67,3 +67,35 @@ def gemm(ctx, node):
         ctx.generic(node.outputs[0], shape, "f32",
                     lambda cs: ctx.read(out, cs) + (ctx.read_bcast(c, shape, cs) * beta if beta != 1.0
                                                     else ctx.read_bcast(c, shape, cs)))
+
+
+@register("Det")
+def det(ctx, node):
+    """Determinants of small matrices (n <= 4) by the Leibniz formula, one Generic op."""
+    import itertools
+
+    x = node.inputs[0]
+    s = list(ctx.shape(x))
+    n = s[-1]
+    if len(s) < 2 or s[-2] != n:
+        raise ShapeError(f"Det needs square matrices, got {tuple(s)}")
+    if n > 4:
+        raise Unsupported(f"Det of {n}x{n} matrices (only up to 4x4)")
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("Det on non-float tensors")
+    from ...wgsl_codegen import kir
+
+    def rule(cs):
+        total = None
+        for perm in itertools.permutations(range(n)):
+            inv = sum(1 for i in range(n) for j in range(i + 1, n) if perm[i] > perm[j])
+            term = None
+            for r, c in enumerate(perm):
+                v = ctx.read(x, cs + [kir.i32(r), kir.i32(c)])
+                term = v if term is None else term * v
+            if total is None:
+                total = term if inv % 2 == 0 else -term
+            else:
+                total = total - term if inv % 2 else total + term
+        return total
+    ctx.generic(node.outputs[0], s[:-2], "f32", rule)

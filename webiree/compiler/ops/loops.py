@@ -2,16 +2,19 @@
 kind (compiler/program_extra.py), one invocation per output element.
 
 CumSum, CumProd, ScatterElements (and the old Scatter), ScatterND, TopK,
-Hardmax, ConvTranspose, Col2Im, DFT, MaxUnpool, and MaxPool's Indices output.
+Hardmax, ConvTranspose, Col2Im, DeformConv, RoiAlign, DFT, STFT, MaxUnpool,
+Einsum (a sum over the contracted letters), and MaxPool's Indices output.
 Scatters fold over every update in order, so duplicate indices and the
 add/mul/max/min reductions give exactly the sequential result.
+
+These kernels favour generality over speed (a scatter costs outputs x
+updates, Einsum does not tile): the common fast paths (MatMul, Conv, Pool,
+Reduce) keep their own kinds.
 """
 
 from __future__ import annotations
 
 import math
-
-import numpy as np
 
 from ...errors import ShapeError
 from ...wgsl_codegen import kir
@@ -339,16 +342,19 @@ def max_unpool(ctx, node):
     out_sp = const_ints(ctx, node, 2)
     if node.input(2) and out_sp is None:
         raise Unsupported("output_shape must be a compile-time constant")
-    if out_sp is None:
-        out_sp = [(xs[2 + i] - 1) * strides[i] - pads[i] - pads[nd + i] + kernel[i] for i in range(nd)]
-    else:
-        out_sp = out_sp[-nd:]
+    inferred = [(xs[2 + i] - 1) * strides[i] - pads[i] - pads[nd + i] + kernel[i] for i in range(nd)]
+    out_sp = inferred if out_sp is None else out_sp[-nd:]
     out_shape = [xs[0], xs[1]] + list(out_sp)
+    in_shape = [xs[0], xs[1]] + inferred
     per_image = numel(xs[2:])
 
+    # as the ONNX reference: indices address the inferred shape, a larger output_shape pads it with zeros
     def step(cs, k, accs):
         src = (cs[0] * xs[1] + cs[1]) * per_image + k
-        hit = kir.binary("eq", ctx.read_flat(idx, src), flat_of(cs, out_shape))
+        inside = kir.const(True, "bool")
+        for c, n in zip(cs[2:], inferred):
+            inside = kir.binary("and", inside, c < n)
+        hit = kir.binary("and", inside, kir.binary("eq", ctx.read_flat(idx, src), flat_of(cs, in_shape)))
         return [select(hit, ctx.read_flat(x, src), accs[0])]
     emit_loop(ctx, node.outputs[0], out_shape, ctx.dtype(x), per_image, [ctx.dtype(x)],
               lambda cs: [kir.const(0, ctx.dtype(x))], step)
@@ -463,4 +469,190 @@ def _twiddle(m, n: int, sign: float):
     return select(exact, ce, kir.unary("cos", ang)), select(exact, se, kir.unary("sin", ang))
 
 
-__all__ = ["emit_loop", "maxpool_indices", "np"]
+# --- sampling ops -------------------------------------------------------------------
+
+def _bilinear_zero(ctx, x, base, h, w, H, W):
+    """Bilinear sample of x[*base, h, w] (f32 pixel coordinates); taps outside the image read 0."""
+    h0f, w0f = kir.unary("floor", h), kir.unary("floor", w)
+    lh, lw = h - h0f, w - w0f
+    h0, w0 = kir.cast(h0f, "i32"), kir.cast(w0f, "i32")
+    total = None
+    for dh, wh in ((0, 1.0 - lh), (1, lh)):
+        for dw, ww in ((0, 1.0 - lw), (1, lw)):
+            hi, wi = h0 + dh, w0 + dw
+            ok = kir.binary("and", kir.binary("and", hi >= 0, hi < H), kir.binary("and", wi >= 0, wi < W))
+            v = ctx.read(x, base + [kir.clamp(hi, 0, H - 1), kir.clamp(wi, 0, W - 1)])
+            term = select(ok, v, f32(0.0)) * (wh * ww)
+            total = term if total is None else total + term
+    return total
+
+
+@register("DeformConv")
+def deform_conv(ctx, node):
+    x, w, off = node.inputs[:3]
+    b, mask = node.input(3), node.input(4)
+    xs, ws, os_ = ctx.shape(x), ctx.shape(w), ctx.shape(off)
+    if len(xs) != 4:
+        raise Unsupported("DeformConv other than 2-D")
+    N, C, H, W = xs
+    M = ws[0]
+    group = int(node.attr("group", 1))
+    og = int(node.attr("offset_group", 1))
+    kh, kw = list(node.attr("kernel_shape", ws[2:]))
+    sh, sw = list(node.attr("strides", [1, 1]))
+    dh, dw = list(node.attr("dilations", [1, 1]))
+    pads = list(node.attr("pads", [0, 0, 0, 0]))
+    oh, ow = os_[2], os_[3]
+    Cg, Mg, Cog = C // group, M // group, C // og
+    K = kh * kw
+
+    def step(cs, k, accs):
+        n, m, i, j = cs
+        c_local, kk = k // K, k % K
+        ki, kj = kk // kw, kk % kw
+        c = (m // Mg) * Cg + c_local if group > 1 else c_local
+        g = c // Cog if og > 1 else kir.i32(0)
+        ch = (g * K + kk) * 2
+        h = kir.cast(i * sh - pads[0] + ki * dh, "f32") + ctx.read(off, [n, ch, i, j])
+        ww = kir.cast(j * sw - pads[1] + kj * dw, "f32") + ctx.read(off, [n, ch + 1, i, j])
+        v = _bilinear_zero(ctx, x, [n, c], h, ww, H, W) * ctx.read(w, [m, c_local, ki, kj])
+        if mask:
+            v = v * ctx.read(mask, [n, g * K + kk, i, j])
+        return [accs[0] + v]
+    init = (lambda cs: [ctx.read(b, [cs[1]])]) if b else (lambda cs: [f32(0.0)])
+    emit_loop(ctx, node.outputs[0], [N, M, oh, ow], "f32", Cg * K, ["f32"], init, step)
+
+
+@register("RoiAlign")
+def roi_align(ctx, node):
+    x, rois, bidx = node.inputs[:3]
+    N, C, H, W = ctx.shape(x)
+    R = ctx.shape(rois)[0]
+    ph, pw = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
+    sr = int(node.attr("sampling_ratio", 0))
+    if sr <= 0:
+        raise Unsupported("sampling_ratio=0 (the number of samples would depend on each ROI's size)")
+    scale = float(node.attr("spatial_scale", 1.0))
+    half = node.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 16 else "output_half_pixel") \
+        == "half_pixel"
+    is_max = node.attr("mode", "avg") == "max"
+
+    def roi(cs, i):
+        return ctx.read(rois, [cs[0], kir.i32(i)]) * scale - (0.5 if half else 0.0)
+
+    def step(cs, k, accs):
+        r, c, i, j = cs
+        x0, y0, x1, y1 = (roi(cs, q) for q in range(4))
+        rw, rh = x1 - x0, y1 - y0
+        if not half:
+            rw, rh = kir.maximum(rw, f32(1.0)), kir.maximum(rh, f32(1.0))
+        bh, bw = rh / float(ph), rw / float(pw)
+        iy, ix = k // sr, k % sr
+        y = y0 + kir.cast(i, "f32") * bh + (kir.cast(iy, "f32") + 0.5) * bh / float(sr)
+        xx = x0 + kir.cast(j, "f32") * bw + (kir.cast(ix, "f32") + 0.5) * bw / float(sr)
+        outside = kir.binary("or", kir.binary("or", y < -1.0, y > float(H)), kir.binary("or", xx < -1.0, xx > float(W)))
+        y, xx = kir.maximum(y, f32(0.0)), kir.maximum(xx, f32(0.0))
+        ylo, xlo = kir.cast(kir.unary("trunc", y), "i32"), kir.cast(kir.unary("trunc", xx), "i32")
+        ytop, xtop = ylo >= H - 1, xlo >= W - 1
+        ylo, xlo = select(ytop, kir.i32(H - 1), ylo), select(xtop, kir.i32(W - 1), xlo)
+        yhi, xhi = select(ytop, kir.i32(H - 1), ylo + 1), select(xtop, kir.i32(W - 1), xlo + 1)
+        y, xx = select(ytop, kir.cast(ylo, "f32"), y), select(xtop, kir.cast(xlo, "f32"), xx)
+        ly, lx = y - kir.cast(ylo, "f32"), xx - kir.cast(xlo, "f32")
+        hy, hx = 1.0 - ly, 1.0 - lx
+        n = kir.clamp(kir.cast(ctx.read(bidx, [r]), "i32"), 0, N - 1)
+        taps = [(hy * hx, ylo, xlo), (hy * lx, ylo, xhi), (ly * hx, yhi, xlo), (ly * lx, yhi, xhi)]
+        vals = [wt * ctx.read(x, [n, c, yy, xq]) for wt, yy, xq in taps]
+        if is_max:
+            v = kir.maximum(kir.maximum(vals[0], vals[1]), kir.maximum(vals[2], vals[3]))
+            v = select(outside, f32(0.0), v)
+            return [select(kir.binary("eq", k, kir.i32(0)), v, kir.maximum(accs[0], v))]
+        v = vals[0] + vals[1] + vals[2] + vals[3]
+        return [accs[0] + select(outside, f32(0.0), v)]
+    result = (lambda cs, accs: accs[0]) if is_max else (lambda cs, accs: accs[0] * (1.0 / (sr * sr)))
+    emit_loop(ctx, node.outputs[0], [R, C, ph, pw], "f32", sr * sr, ["f32"], lambda cs: [f32(0.0)], step, result)
+
+
+@register("STFT")
+def stft(ctx, node):
+    x = node.inputs[0]
+    step_c, window, length_c = const_scalar(ctx, node, 1), node.input(2), const_scalar(ctx, node, 3)
+    if step_c is None or (node.input(3) and length_c is None):
+        raise Unsupported("frame_step and frame_length must be compile-time constants")
+    xs = ctx.shape(x)
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("STFT on non-float tensors")
+    frame_len = int(length_c) if length_c is not None else ctx.shape(window)[0]
+    hop = int(step_c)
+    onesided = bool(node.attr("onesided", 1))
+    complex_in = xs[-1] == 2
+    frames = (xs[1] - frame_len) // hop + 1
+    bins = frame_len // 2 + 1 if onesided else frame_len
+    out_shape = [xs[0], frames, bins, 2]
+
+    def step(cs, j, accs):
+        b, f, kb = cs[0], cs[1], cs[2]
+        c, sn = _twiddle((kb * j) % frame_len, frame_len, -1.0)
+        pos = f * hop + j
+        wv = ctx.read(window, [j]) if window else f32(1.0)
+        re = ctx.read(x, [b, pos, kir.i32(0)]) * wv
+        im = ctx.read(x, [b, pos, kir.i32(1)]) * wv if complex_in else f32(0.0)
+        return [accs[0] + re * c - im * sn, accs[1] + re * sn + im * c]
+    emit_loop(ctx, node.outputs[0], out_shape, "f32", frame_len, ["f32", "f32"], lambda cs: [f32(0.0), f32(0.0)],
+              step, lambda cs, accs: select(kir.binary("eq", cs[3], kir.i32(0)), accs[0], accs[1]))
+
+
+# --- Einsum ------------------------------------------------------------------------------
+
+@register("Einsum")
+def einsum(ctx, node):
+    """out[free letters] = sum over the other letters of the product of the operands."""
+    eq = node.attr("equation").replace(" ", "")
+    names = [i for i in node.inputs if i]
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(names):
+        raise ShapeError(f"Einsum equation {eq!r} has {len(terms)} operands, the node {len(names)}")
+    shapes = [list(ctx.shape(n)) for n in names]
+    ks = [len(s) - (len(t) - 3) if "..." in t else 0 for t, s in zip(terms, shapes)]
+    E = max(ks, default=0)
+
+    def letters_of(t, k):
+        if "..." not in t:
+            return list(t)
+        i = t.index("...")
+        # ellipsis dims are aligned on the right (broadcast), named by their position among E
+        return list(t[:i]) + [f"...{E - k + j}" for j in range(k)] + list(t[i + 3:])
+    dims: dict = {}
+    expanded = []
+    for t, s, k in zip(terms, shapes, ks):
+        letters = letters_of(t, k)
+        if len(letters) != len(s):
+            raise ShapeError(f"Einsum term {t!r} does not match operand shape {tuple(s)}")
+        for l, d in zip(letters, s):
+            if dims.get(l, 1) not in (1, d) and d != 1:
+                raise ShapeError(f"Einsum letter {l!r} has sizes {dims[l]} and {d}")
+            dims[l] = max(dims.get(l, 1), d)
+        expanded.append(letters)
+    ell = [f"...{j}" for j in range(E)]
+    if arrow:
+        out_letters = letters_of(rhs, E) if "..." in rhs else list(rhs)
+    else:   # implicit output: the ellipsis, then the letters used once, in alphabetical order
+        once = sorted(l for l in dims if not l.startswith("...") and sum(e.count(l) for e in expanded) == 1)
+        out_letters = ell + once
+    summed = [l for l in dims if l not in out_letters]
+    out_shape = [dims[l] for l in out_letters]
+    dt = ctx.dtype(names[0])
+
+    def step(cs, k, accs):
+        val = dict(zip(out_letters, cs))
+        val.update(zip(summed, _unflatten(k, [dims[l] for l in summed])))
+        prod = None
+        for letters, n, s in zip(expanded, names, shapes):
+            v = ctx.read(n, [val[l] if d != 1 else kir.i32(0) for l, d in zip(letters, s)])
+            prod = v if prod is None else prod * v
+        return [accs[0] + prod]
+    emit_loop(ctx, node.outputs[0], out_shape, dt, numel([dims[l] for l in summed]), [dt],
+              lambda cs: [kir.const(0, dt)], step)
+
+
+__all__ = ["emit_loop", "maxpool_indices"]

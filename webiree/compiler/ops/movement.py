@@ -15,7 +15,7 @@ from ...wgsl_codegen import kir
 from ...wgsl_codegen.kir import f32, select
 from ..graph import internal_dtype
 from . import Unsupported, register
-from .common import const_ints, norm_axis
+from .common import norm_axis
 
 
 @register("Trilu")
@@ -251,5 +251,3 @@ def _cubic_coeffs(t):
             ((a + 2) * xm - (a + 3)) * xm * xm + 1.0,
             ((a * x2 - 5 * a) * x2 + 8 * a) * x2 - 4 * a]
 
-
-__all__ = ["const_ints"]

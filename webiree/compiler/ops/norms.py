@@ -86,7 +86,6 @@ def batchnorm_training(ctx, node):
     momentum = float(node.attr("momentum", 0.9))
     axes = [0] + list(range(2, len(s)))
     bmean = emit_reduce(ctx, x, axes, "mean")
-    keep = [1, s[1]] + [1] * (len(s) - 2)
     at_c = lambda cs: [kir.i32(0), cs[1]] + [kir.i32(0)] * (len(s) - 2)  # noqa: E731
     sq = ctx.temp("sq")
     ctx.generic(sq, s, "f32", lambda cs: (lambda d: d * d)(ctx.read(x, cs) - ctx.read(bmean, at_c(cs))))
@@ -101,4 +100,3 @@ def batchnorm_training(ctx, node):
             ctx.generic(out, [s[1]], "f32",
                         lambda cs, r=running, b=batch: ctx.read(r, cs) * momentum
                         + ctx.read(b, [kir.i32(0), cs[0]] + [kir.i32(0)] * (len(s) - 2)) * (1.0 - momentum))
-    del keep

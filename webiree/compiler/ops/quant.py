@@ -16,10 +16,9 @@ from onnx import helper
 
 from ...errors import ShapeError
 from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import f32, select
 from ..graph import Node, internal_dtype
 from . import Unsupported, register
-from .common import INT_BITS, norm_axis, onnx_type
+from .common import INT_BITS, onnx_type
 
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
 _ids = itertools.count()
@@ -226,5 +225,3 @@ def bitcast(ctx, node):
     ctx.generic(node.outputs[0], ctx.shape(x), dt, rule)
     ctx.onnx_types[node.outputs[0]] = to
 
-
-__all__ = ["f32", "select"]

@@ -1,0 +1,209 @@
+"""`webiree bench`: latency of webiree against onnxruntime (and IREE) in one run.
+
+Measures median host-to-host latency (inputs on the host -> outputs on the
+host, warm-up excluded) of:
+
+- webiree native (wgpu-py on the local WebGPU adapter),
+- onnxruntime CPU (the reference; every output is checked against it),
+- IREE, when `iree-base-compiler` and `iree-base-runtime` are installed
+  (`pip install -e .[iree]`): `vulkan-spirv` on the same Vulkan device, and
+  `llvm-cpu`.
+
+Prints ratios, achieved GFLOP/s of the matmul and conv dispatches (GPU
+timestamps), and GPU memory (weights + arena vs. weights + largest live set).
+A benchmark, not a test: it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _median_ms(fn, runs: int, warmup: int) -> tuple[float, list]:
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), out
+
+
+def _rel_err(got, ref) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if got.shape != ref.shape:
+        return float("inf")
+    scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
+    return float(np.abs(got - ref).max() / scale) if ref.size else 0.0
+
+
+def _feeds(model, inputs_path):
+    if inputs_path:
+        return dict(np.load(inputs_path))
+    from .testing.models import sample_inputs
+    return sample_inputs(model)
+
+
+def _aligned(a: np.ndarray, alignment: int = 4096) -> np.ndarray:
+    """A copy of `a` whose data starts on `alignment` (IREE's Vulkan driver imports host memory)."""
+    raw = np.empty(a.nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+class _NoHostImport:
+    """IREE 3.13's DeviceArray.to_host imports a numpy array as a Vulkan host allocation when
+    the driver says it can; lavapipe then refuses it (pointer and size must be 4096-aligned).
+    With IMPORTABLE masked out, to_host takes IREE's own staging-buffer path. IREE only."""
+    IMPORTABLE = 0
+
+
+def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: int, warmup: int):
+    """(median ms, outputs) of IREE on `backend` ('vulkan-spirv' or 'llvm-cpu')."""
+    import iree.runtime as rt
+    from iree.runtime import array_interop
+
+    array_interop.BufferCompatibility = _NoHostImport
+    bindir = Path(sys.executable).parent
+    mlir = workdir / "model.mlir"
+    if not mlir.exists():
+        subprocess.run([str(bindir / "iree-import-onnx"), str(onnx_path), "-o", str(mlir)], check=True,
+                       capture_output=True)
+    vmfb = workdir / f"model_{backend}.vmfb"
+    args = [str(bindir / "iree-compile"), str(mlir), f"--iree-hal-target-backends={backend}", "-o", str(vmfb)]
+    if backend == "llvm-cpu":
+        args.append("--iree-llvmcpu-target-cpu=host")
+    subprocess.run(args, check=True, capture_output=True)
+    config = rt.Config("vulkan" if backend == "vulkan-spirv" else "local-task")
+    ctx = rt.SystemContext(config=config)
+    ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))  # page-aligned: Vulkan imports it
+    fn = ctx.modules.module["main_graph"]
+    args_in = [_aligned(v) for v in feeds.values()]
+
+    device = config.device
+
+    def call():  # host -> device upload inside the timed call, like the others
+        res = fn(*[rt.asdevicearray(device, a) for a in args_in])
+        res = res if isinstance(res, (list, tuple)) else [res]
+        return [np.asarray(r.to_host()) for r in res]
+    return _median_ms(call, runs, warmup)
+
+
+def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", inputs_path=None,
+          iree: bool = False, input_shapes=None, json_out=None, log=print) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    from .bundler.site import compile as build
+    from .hal_webgpu.wgpu_driver import adapter_info
+    from .session import InferenceSession
+
+    model_path = Path(model_path)
+    model = onnx.load(str(model_path))
+    feeds = _feeds(model, inputs_path)
+    report = {"model": model_path.name, "adapter": adapter_info(), "runs": runs, "warmup": warmup,
+              "limits": limits, "results": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        res = build(model_path, tmp / "site", input_shapes, limits=limits)
+        report["build_s"] = time.perf_counter() - t0
+        sess = InferenceSession(tmp / "site")
+        wi_ms, wi_out = _median_ms(lambda: sess.run(None, feeds), runs, warmup)
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        ref_sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+        ort_ms, ref = _median_ms(lambda: ref_sess.run(None, feeds), runs, warmup)
+        report["results"]["onnxruntime-cpu"] = {"median_ms": ort_ms, "rel_err": 0.0}
+        report["results"]["webiree"] = {"median_ms": wi_ms,
+                                        "rel_err": max(_rel_err(g, r) for g, r in zip(wi_out, ref))}
+        if iree:
+            for backend in ("vulkan-spirv", "llvm-cpu"):
+                try:
+                    ms, out = _iree_run(model_path, feeds, backend, tmp, runs, warmup)
+                    report["results"][f"iree-{backend}"] = {
+                        "median_ms": ms, "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
+                except Exception as e:  # IREE is optional: report why it did not run
+                    report["results"][f"iree-{backend}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+        # per-dispatch GPU time, where the adapter has timestamp queries
+        sess.run(None, feeds, profile=True)
+        times = sess.last_profile
+        info = sess.module.info["dispatches"]
+        kinds = {}
+        if times:
+            for t, d in zip(times, info):
+                k = kinds.setdefault(d["kind"], {"ms": 0.0, "flops": 0, "count": 0})
+                k["ms"] += t / 1e6
+                k["flops"] += d.get("flops", 0)
+                k["count"] += 1
+            report["gpu_ms_total"] = sum(times) / 1e6
+            report["top_dispatches"] = [
+                {"name": d["name"], "kind": d["kind"], "ms": t / 1e6,
+                 "gflops": (d.get("flops", 0) / (t / 1e9) / 1e9) if t and d.get("flops") else None}
+                for t, d in sorted(zip(times, info), key=lambda x: -x[0])[:5]]
+        report["kinds"] = kinds
+        mem = sess.module.info["memory"]
+        report["memory"] = {"weights": mem["weights"], "arena": mem["arena_peak"], "max_live": mem["max_live"],
+                            "ratio": (mem["weights"] + mem["arena_peak"]) / max(mem["weights"] + mem["max_live"], 1)}
+        report["dispatches"] = len(info)
+        del sess
+    _print(report, log)
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def _print(r: dict, log):
+    a = r["adapter"]
+    log(f"model {r['model']}: {r['dispatches']} dispatches, built in {r['build_s']:.1f} s; "
+        f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); median of {r['runs']} runs")
+    base = r["results"]["webiree"]["median_ms"]
+    for name, v in r["results"].items():
+        if "error" in v:
+            log(f"  {name:<22} not run: {v['error']}")
+            continue
+        ok = "ok" if v["rel_err"] <= 1e-4 else "WRONG"
+        log(f"  {name:<22} {v['median_ms']:10.2f} ms   {v['median_ms'] / base:6.2f}x webiree   "
+            f"rel.err {v['rel_err']:.1e} {ok}")
+    for kind, k in sorted(r.get("kinds", {}).items(), key=lambda x: -x[1]["ms"]):
+        g = f"{k['flops'] / (k['ms'] / 1e3) / 1e9:8.1f} GFLOP/s" if k["flops"] and k["ms"] else ""
+        log(f"  gpu {kind:<10} {k['count']:4d} dispatches {k['ms']:9.2f} ms {g}")
+    m = r["memory"]
+    log(f"  memory: weights {m['weights']} B + arena {m['arena']} B = {(m['ratio']):.3f} x "
+        f"(weights + largest live set {m['max_live']} B)")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="webiree bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="an .onnx file")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--limits", default="adapter", choices=["default", "adapter"])
+    p.add_argument("--inputs", help=".npz of inputs (default: seeded random)")
+    p.add_argument("--iree", action="store_true", help="also run IREE (vulkan-spirv, llvm-cpu) if installed")
+    p.add_argument("--json", help="write the report as JSON")
+    a = p.parse_args(argv)
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    bench(a.model, a.runs, a.warmup, a.limits, a.inputs, a.iree, json_out=a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
