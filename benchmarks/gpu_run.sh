@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The performance run on a lent NVIDIA machine (see docs/performance.md):
+# Vulkan loader from .gl/*.deb, wgpu from .whl/, seed models exported there,
+# then `webiree bench` per model, PyTorch CUDA as the native reference.
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
+if ! python3 -c "import wgpu; a = wgpu.gpu.request_adapter_sync(); print(a.info['device'], a.info['backend_type'])"; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  python3 -c "import wgpu; a = wgpu.gpu.request_adapter_sync(); print(a.info['device'], a.info['backend_type'])" || exit 1
+fi
+OUT=${OUT:-/tmp/out}
+mkdir -p /tmp/seed "$OUT"
+python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
+python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
+for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do
+  python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing"
+done
+python3 -m webiree.cli bench /tmp/seed/matmul4096.onnx --runs 10 --json "$OUT/matmul4096.json"
+python3 benchmarks/torch_reference.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/torch.json" ${MODELS:+--only $MODELS}
