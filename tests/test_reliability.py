@@ -153,6 +153,29 @@ def test_cli_inspect_on_a_non_build(capsys, tmp_path, what):
     assert_one_line_error(rc, err)
 
 
+def test_cli_build_into_an_unwritable_place(capsys, tmp_path):
+    p = tmp_path / "m.onnx"
+    onnx.save(models.mlp(), p)
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = cli(capsys, "build", str(p), "--out", str(tmp_path / "afile"))
+    assert_one_line_error(rc, err, "cannot write the build")
+    rc, _, err = cli(capsys, "build", str(p), "--out", str(tmp_path / "afile" / "sub"))
+    assert_one_line_error(rc, err, "cannot write the build")
+
+
+def test_cli_run_output_dir_unwritable(capsys, tmp_path, mlp_build):
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = cli(capsys, "run", str(mlp_build), "--random", "--output-dir", str(tmp_path / "afile"))
+    assert_one_line_error(rc, err, "cannot write")
+
+
+def test_cli_inspect_with_a_corrupt_manifest(capsys, tmp_path, mlp_build):
+    d = _copy_build(mlp_build, tmp_path / "b")
+    (d / "manifest.json").write_bytes(b"{not json\xff")
+    rc, _, err = cli(capsys, "inspect", str(d))
+    assert_one_line_error(rc, err, "manifest.json is corrupt")
+
+
 def test_cli_debug_shows_the_traceback_of_a_corrupt_module(tmp_path, mlp_build):
     d = _copy_build(mlp_build, tmp_path / "b")
     (d / "model.wrm").write_bytes((d / "model.wrm").read_bytes()[:100])

@@ -100,8 +100,12 @@ def cmd_run(args) -> int:
     for io, a in zip(sess.module.outputs, outs):
         print(f"{io.name}: shape {list(a.shape)} {a.dtype} {_summary(a)}")
         if args.output_dir:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            np.save(Path(args.output_dir) / f"{io.name.replace('/', '_')}.npy", a)
+            try:
+                Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+                np.save(Path(args.output_dir) / f"{io.name.replace('/', '_')}.npy", a)
+            except OSError as e:
+                raise WebireeError(f"cannot write {io.name} to {args.output_dir}: {e.strerror or e}",
+                                   hint="give --output-dir a folder that can be created and written") from None
     print(f"latency {ms:.2f} ms")
     return 0
 
@@ -119,7 +123,11 @@ def inspect_text(path) -> str:
         m = read_module(raw)
     except ModuleFormatError as e:
         raise ModelError(f"{d / MODULE_FILE} is corrupt: {e}") from None
-    manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
+    try:
+        manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
+        manifest = manifest if isinstance(manifest, dict) else {}
+    except (ValueError, OSError) as e:
+        raise ModelError(f"{d / MANIFEST_FILE} is corrupt ({type(e).__name__})", hint="rebuild the model") from None
     info = m.info
     lines = [f"model {info.get('model', '?')} (webiree {manifest.get('webiree_version', '?')})",
              f"schedule module: {len(raw)} bytes, {len(m.executables)} executables, {len(m.commands)} commands"]

@@ -78,5 +78,10 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
-    result.manifest = write_build(result, out_dir, options, pyodide=pyodide)
+    try:
+        result.manifest = write_build(result, out_dir, options, pyodide=pyodide)
+    except OSError as e:
+        from ..errors import WebireeError
+        raise WebireeError(f"cannot write the build to {os.fspath(out_dir)}: {e.strerror or e}",
+                           hint="give --out a folder path that can be created and written") from None
     return result

@@ -71,9 +71,10 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         # Thin problems (one row, e.g. a classifier head) use 1 row per thread.
         wx = min(16, limits["max_compute_workgroup_size_x"])
         wy = max(1, min(16, inv // wx, limits["max_compute_workgroup_size_y"]))
-        rm = 4 if op.m >= 32 else 1
-        rn = 4 if op.n >= 32 else 1
-        tk = 16
+        big = op.m >= 512 and op.n >= 512
+        rm = 8 if big else (4 if op.m >= 32 else 1)
+        rn = 8 if big else (4 if op.n >= 32 else 1)
+        tk = 8 if big else 16
         shared = 4 * tk * (wy * rm + wx * rn)
         while shared > limits["max_compute_workgroup_storage_size"] and tk > 1:
             tk //= 2

@@ -311,23 +311,29 @@ def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
         for j in range(rn):
             body.append(Decl(f"acc{i}_{j}", "f32", f32(0.0)))
 
-    def coop_load(shared, rows, elem_index, bound):
-        """Fill shared[kk * rows + r] for the k-step, zero outside the matrix."""
+    def coop_load(shared, rows, elem_index, bound, k_fastest):
+        """Fill shared[kk * rows + r] for the k-step, zero outside the matrix. Consecutive
+        invocations read consecutive addresses: along k when the matrix is stored k-fastest
+        (A as [M, K], B as [N, K]), along rows otherwise."""
         stmts = []
         total = tk * rows
         for step in range(-(-total // nthreads)):
             idx = li + step * nthreads
-            kk, r = idx // rows, idx % rows
+            if k_fastest:
+                r, kk = idx // tk, idx % tk
+            else:
+                kk, r = idx // rows, idx % rows
             inb = kir.binary("and", bound(r), k0 + kk < K)
-            fill = [If(inb, [SStore(shared, idx, elem_index(r, k0 + kk))], [SStore(shared, idx, f32(0.0))])]
+            at = kk * rows + r
+            fill = [If(inb, [SStore(shared, at, elem_index(r, k0 + kk))], [SStore(shared, at, f32(0.0))])]
             stmts.extend(fill if (step + 1) * nthreads <= total else [If(idx < total, fill)])
         return stmts
 
     a_elem = (lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k)))
     b_elem = (lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c)))
     inner = []
-    inner += coop_load("As", tm, a_elem, lambda r: m0 + r < M)
-    inner += coop_load("Bs", tn, b_elem, lambda c: n0 + c < N)
+    inner += coop_load("As", tm, a_elem, lambda r: m0 + r < M, k_fastest=not op.trans_a)
+    inner += coop_load("Bs", tn, b_elem, lambda c: n0 + c < N, k_fastest=op.trans_b)
     inner.append(Barrier())
     for kk in range(tk):
         a_vals = [kir.sload("As", kk * tm + ty + i * wy, "f32") for i in range(rm)]
