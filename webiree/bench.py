@@ -28,10 +28,15 @@ from pathlib import Path
 import numpy as np
 
 
-def _median_ms(fn, runs: int, warmup: int) -> tuple[float, list]:
+def _median_ms(fn, runs: int, warmup: int, warm_seconds: float = 1.0) -> tuple[float, list]:
+    """Median wall time of `fn` after `warmup` calls and at least `warm_seconds` of calls
+    (GPUs raise their clocks only under sustained load)."""
     out = None
-    for _ in range(warmup):
+    t_end = time.perf_counter() + warm_seconds
+    n = 0
+    while n < warmup or time.perf_counter() < t_end:
         out = fn()
+        n += 1
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()

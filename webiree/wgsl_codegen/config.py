@@ -28,6 +28,11 @@ DEFAULT_LIMITS = {
 }
 
 
+# Workgroups a dispatch should offer a discrete GPU before register blocks grow (about two
+# per multiprocessor on a large GPU; WebGPU does not tell the multiprocessor count).
+GPU_FILL_WORKGROUPS = 256
+
+
 @dataclass
 class KernelConfig:
     workgroup_size: tuple[int, int, int]
@@ -67,14 +72,20 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
             rm = max(1, rm // 2)
         return KernelConfig((wx, 1, 1), (rm, rn, 4 if op.k >= 4 else 1), vec, "register-blocked")
     if isinstance(op, P.MatMul):
-        # 16x16 threads, each a 4x4 register block: 64x64 tiles, K in steps of 16.
-        # Thin problems (one row, e.g. a classifier head) use 1 row per thread.
+        # 16x16 threads, each an RM x RN register block, K in steps of TK. The block is the
+        # largest that still gives the GPU enough workgroups to fill it (a small product such
+        # as BERT's 128x384 makes only 12 workgroups with 64x64 tiles).
         wx = min(16, limits["max_compute_workgroup_size_x"])
         wy = max(1, min(16, inv // wx, limits["max_compute_workgroup_size_y"]))
-        big = op.m >= 512 and op.n >= 512
-        rm = 8 if big else (4 if op.m >= 32 else 1)
-        rn = 8 if big else (4 if op.n >= 32 else 1)
-        tk = 8 if big else 16
+        batch = max(1, P.numel(op.batch))
+        rm = rn = 1
+        for r in (8, 4, 2):
+            if -(-op.m // (wy * r)) * -(-op.n // (wx * r)) * batch >= GPU_FILL_WORKGROUPS:
+                rm = rn = r
+                break
+        if op.m < wy:
+            rm = 1
+        tk = 8 if rm * rn >= 64 else 16
         shared = 4 * tk * (wy * rm + wx * rn)
         while shared > limits["max_compute_workgroup_storage_size"] and tk > 1:
             tk //= 2
