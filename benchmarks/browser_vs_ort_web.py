@@ -1,7 +1,7 @@
 """webiree's browser runtime vs onnxruntime-web (WebGPU EP), in the same headless Chromium.
 
     cd benchmarks && npm install --no-save --no-package-lock --prefix . onnxruntime-web@1.30.0
-    cd .. && .venv/bin/python benchmarks/browser_vs_ort_web.py [--model small_cnn] [--runs 30]
+    cd .. && .venv/bin/python benchmarks/browser_vs_ort_web.py [--model small_cnn | --onnx M.onnx --inputs M.inputs.npz] [--runs 30]
 
 This script installs nothing: onnxruntime-web must already be in
 benchmarks/node_modules (gitignored). It builds the model with webiree into a
@@ -10,8 +10,10 @@ it, serves the root with webiree's server, and in one page:
 
   1. creates a webiree session and an ort-web session (executionProviders ['webgpu']),
   2. checks that both give the same outputs (max |diff| / max |ref|),
-  3. times `--runs` runs of each after `--warmup` runs (results read back to the
-     CPU in both cases) and prints the medians and their ratio,
+  3. times `--runs` runs of each, alternating the two runtimes run by run, after
+     `--warmup` runs (results read back to the CPU in both cases) and prints the
+     medians and their ratio, and the time to first result (runtime import,
+     session creation with weights and pipelines, first run),
   4. prints the gzipped size of each runtime (what a page has to download
      besides the model).
 
@@ -40,49 +42,54 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--no-sandbox"]
 
 BENCH_JS = """async ({runs, warmup, feeds}) => {
+  // Both sessions are created first; then the two runtimes alternate run by run, so
+  // SwiftShader's noise hits both alike, and the medians are compared.
   const median = (xs) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1;
     return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; };
   const bytes = (b64) => Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-  async function time(run) {
-    let t0 = performance.now();
-    const first = await run();
-    const firstMs = performance.now() - t0;
-    for (let i = 0; i < warmup; i++) await run();
-    const ms = [];
-    for (let i = 0; i < runs; i++) { t0 = performance.now(); await run(); ms.push(performance.now() - t0); }
-    return {first, firstMs, median: median(ms), min: Math.min(...ms)};
-  }
-  const out = {};
-  // webiree
-  const w = await import('./webiree/webiree.js');
+  const typed = (f) => { const b = bytes(f.data).buffer;
+    return {float32: () => new Float32Array(b), int64: () => new BigInt64Array(b), int32: () => new Int32Array(b),
+            bool: () => new Uint8Array(b)}[f.type](); };
+  const out = {webiree: {}, ort: {}};
+  // webiree: time to first result = runtime import + session (fetch, pipelines) + first run
   let t0 = performance.now();
+  const w = await import('./webiree/webiree.js');
   const ws = await w.InferenceSession.create('./webiree/');
-  out.webiree = {createMs: performance.now() - t0};
-  const wfeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) =>
-    [k, new w.Tensor(f.type, new Float32Array(bytes(f.data).buffer), f.dims)]));
-  const wr = await time(() => ws.run(wfeeds));
-  Object.assign(out.webiree, {firstRunMs: wr.firstMs, medianMs: wr.median, minMs: wr.min});
-  const wout = Object.fromEntries(Object.entries(wr.first).map(([k, t]) => [k, Array.from(t.data)]));
-  await ws.release();
+  out.webiree.createMs = performance.now() - t0;
+  const wfeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) => [k, new w.Tensor(f.type, typed(f), f.dims)]));
+  let t1 = performance.now();
+  const wfirst = await ws.run(wfeeds);
+  out.webiree.firstRunMs = performance.now() - t1;
+  out.webiree.ttfrMs = performance.now() - t0;
   // onnxruntime-web, WebGPU execution provider
+  t0 = performance.now();
   const ort = await import('./ort/ort.webgpu.min.mjs');
   ort.env.wasm.wasmPaths = new URL('./ort/', location.href).href;
   ort.env.wasm.numThreads = 1;  // no cross-origin isolation here
   ort.env.logLevel = 'error';
-  t0 = performance.now();
   const os = await ort.InferenceSession.create('./model.onnx', {executionProviders: ['webgpu']});
-  out.ort = {createMs: performance.now() - t0};
-  const ofeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) =>
-    [k, new ort.Tensor(f.type, new Float32Array(bytes(f.data).buffer), f.dims)]));
-  const or = await time(() => os.run(ofeeds));
-  Object.assign(out.ort, {firstRunMs: or.firstMs, medianMs: or.median, minMs: or.min});
+  out.ort.createMs = performance.now() - t0;
+  const ofeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) => [k, new ort.Tensor(f.type, typed(f), f.dims)]));
+  t1 = performance.now();
+  const ofirst = await os.run(ofeeds);
+  out.ort.firstRunMs = performance.now() - t1;
+  out.ort.ttfrMs = performance.now() - t0;
+  for (let i = 0; i < warmup; i++) { await ws.run(wfeeds); await os.run(ofeeds); }
+  const wms = [], oms = [];
+  for (let i = 0; i < runs; i++) {
+    t1 = performance.now(); await ws.run(wfeeds); wms.push(performance.now() - t1);
+    t1 = performance.now(); await os.run(ofeeds); oms.push(performance.now() - t1);
+  }
+  Object.assign(out.webiree, {medianMs: median(wms), minMs: Math.min(...wms)});
+  Object.assign(out.ort, {medianMs: median(oms), minMs: Math.min(...oms)});
   let err = 0;
-  for (const [k, ref] of Object.entries(or.first)) {
-    const r = Array.from(ref.data), g = wout[k];
+  for (const [k, ref] of Object.entries(ofirst)) {
+    const r = Array.from(ref.data, Number), g = Array.from(wfirst[k].data, Number);
     const scale = Math.max(...r.map(Math.abs), 1e-30);
     err = Math.max(err, ...r.map((v, i) => Math.abs(v - g[i]) / scale));
   }
   out.maxRelDiff = err;
+  await ws.release();
   await os.release();
   return out;
 }"""
@@ -95,6 +102,8 @@ def gz(path: Path) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="small_cnn", help="a model of webiree.testing.models (default small_cnn)")
+    ap.add_argument("--onnx", help="an .onnx file instead (e.g. tests/.data/seed/mobilenet_v2.onnx)")
+    ap.add_argument("--inputs", help=".npz of its inputs (default: seeded random)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=300, help="seconds for the whole in-page benchmark")
@@ -124,10 +133,17 @@ def main(argv=None) -> int:
     from webiree.bundler.server import create_app
     from webiree.testing import models
 
-    model = getattr(models, args.model)()
-    feeds = models.sample_inputs(model)
-    if any(v.dtype != np.float32 for v in feeds.values()):
-        print("this benchmark feeds float32 inputs only", file=sys.stderr)
+    if args.onnx:
+        model = onnx.load(args.onnx)
+        args.model = Path(args.onnx).stem
+        feeds = dict(np.load(args.inputs)) if args.inputs else models.sample_inputs(model)
+    else:
+        model = getattr(models, args.model)()
+        feeds = models.sample_inputs(model)
+    kinds = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64", np.dtype(np.int32): "int32",
+             np.dtype(np.bool_): "bool"}
+    if any(v.dtype not in kinds for v in feeds.values()):
+        print("this benchmark feeds float32 / int64 / int32 / bool inputs only", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="webiree-bench-") as tmp:
         root = Path(tmp)
@@ -145,8 +161,9 @@ def main(argv=None) -> int:
             time.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
         arg = {"runs": args.runs, "warmup": args.warmup,
-               "feeds": {k: {"type": "float32", "dims": list(v.shape),
-                             "data": base64.b64encode(v.astype("<f4").tobytes()).decode()} for k, v in feeds.items()}}
+               "feeds": {k: {"type": kinds[v.dtype], "dims": list(v.shape),
+                             "data": base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()}
+                         for k, v in feeds.items()}}
         wrapped = f"""async (arg) => {{
           const fn = {BENCH_JS};
           let timer;
@@ -181,7 +198,8 @@ def main(argv=None) -> int:
           f"{args.warmup} warm-up runs")
     print(f"{'':22}{'webiree':>12}{'ort-web':>12}{'ort/webiree':>13}")
     for key, label in (("createMs", "session create (ms)"), ("firstRunMs", "first run (ms)"),
-                       ("medianMs", "median run (ms)"), ("minMs", "fastest run (ms)")):
+                       ("ttfrMs", "first result (ms)"), ("medianMs", "median run (ms)"),
+                       ("minMs", "fastest run (ms)")):
         print(f"{label:22}{w[key]:12.2f}{o[key]:12.2f}{o[key] / max(w[key], 1e-9):13.2f}")
     print(f"{'runtime, gzipped (B)':22}{w_gz:12d}{o_gz:12d}{o_gz / w_gz:13.0f}")
     print(f"outputs agree: max |webiree - ort| / max |ort| = {res['maxRelDiff']:.2e}")

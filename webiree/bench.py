@@ -76,7 +76,15 @@ class _NoHostImport:
     IMPORTABLE = 0
 
 
-def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: int, warmup: int):
+def _check_run(args):
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode:
+        lines = [ln for ln in p.stderr.splitlines() if "error" in ln.lower()] or p.stderr.splitlines() or ["?"]
+        raise RuntimeError(f"{Path(args[0]).name} failed: {lines[0][:240]}")
+
+
+def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: int, warmup: int,
+              vulkan_target: str | None = None):
     """(median ms, outputs) of IREE on `backend` ('vulkan-spirv' or 'llvm-cpu')."""
     import iree.runtime as rt
     from iree.runtime import array_interop
@@ -85,13 +93,14 @@ def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: i
     bindir = Path(sys.executable).parent
     mlir = workdir / "model.mlir"
     if not mlir.exists():
-        subprocess.run([str(bindir / "iree-import-onnx"), str(onnx_path), "-o", str(mlir)], check=True,
-                       capture_output=True)
+        _check_run([str(bindir / "iree-import-onnx"), str(onnx_path), "-o", str(mlir)])
     vmfb = workdir / f"model_{backend}.vmfb"
     args = [str(bindir / "iree-compile"), str(mlir), f"--iree-hal-target-backends={backend}", "-o", str(vmfb)]
     if backend == "llvm-cpu":
         args.append("--iree-llvmcpu-target-cpu=host")
-    subprocess.run(args, check=True, capture_output=True)
+    elif vulkan_target:
+        args.append(f"--iree-vulkan-target={vulkan_target}")
+    _check_run(args)
     config = rt.Config("vulkan" if backend == "vulkan-spirv" else "local-task")
     ctx = rt.SystemContext(config=config)
     ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))  # page-aligned: Vulkan imports it
@@ -108,7 +117,7 @@ def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: i
 
 
 def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", inputs_path=None,
-          iree: bool = False, input_shapes=None, json_out=None, log=print) -> dict:
+          iree: bool = False, input_shapes=None, json_out=None, log=print, iree_vulkan_target=None) -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -120,7 +129,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
     model = onnx.load(str(model_path))
     feeds = _feeds(model, inputs_path)
     report = {"model": model_path.name, "adapter": adapter_info(), "runs": runs, "warmup": warmup,
-              "limits": limits, "results": {}}
+              "limits": limits, "iree_vulkan_target": iree_vulkan_target or "IREE's default", "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
@@ -139,7 +148,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         if iree:
             for backend in ("vulkan-spirv", "llvm-cpu"):
                 try:
-                    ms, out = _iree_run(model_path, feeds, backend, tmp, runs, warmup)
+                    ms, out = _iree_run(model_path, feeds, backend, tmp, runs, warmup, iree_vulkan_target)
                     report["results"][f"iree-{backend}"] = {
                         "median_ms": ms, "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
                 except Exception as e:  # IREE is optional: report why it did not run
@@ -182,7 +191,7 @@ def _print(r: dict, log):
         if "error" in v:
             log(f"  {name:<22} not run: {v['error']}")
             continue
-        ok = "ok" if v["rel_err"] <= 1e-4 else "WRONG"
+        ok = "ok" if v["rel_err"] <= 1e-4 else "WRONG"  # NaN compares False: WRONG too
         log(f"  {name:<22} {v['median_ms']:10.2f} ms   {v['median_ms'] / base:6.2f}x webiree   "
             f"rel.err {v['rel_err']:.1e} {ok}")
     for kind, k in sorted(r.get("kinds", {}).items(), key=lambda x: -x[1]["ms"]):

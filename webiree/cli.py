@@ -40,7 +40,7 @@ def cmd_build(args) -> int:
     t0 = time.perf_counter()
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
-                validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide)
+                validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
@@ -174,7 +174,7 @@ def cmd_bench(args) -> int:
     if not Path(args.model).is_file():
         raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
     bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
-          _parse_shapes(args.input_shape), args.json)
+          _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target)
     return 0
 
 
@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limits", default="default", choices=["default", "adapter"],
                    help="size kernels for WebGPU's default limits (runs anywhere) or this machine's adapter")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
+    b.add_argument("--target", "--targets", dest="target", default=None, metavar="wgsl|spirv|wgsl,spirv",
+                   help="shader targets: the first is the module's executable format (default wgsl; spirv "
+                        "runs natively only), every one is written to shaders/")
     b.add_argument("--pyodide", action="store_true",
                    help="copy Pyodide into the site (pyodide/, 13 MB) so python.html runs offline")
     b.add_argument("--dump-after", action="append", choices=["import", "lower", "fuse", "memory", "kernels"],
@@ -228,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--inputs", help=".npz of inputs keyed by input name (default: seeded random)")
     bn.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...")
     bn.add_argument("--iree", action="store_true", help="also run IREE vulkan-spirv and llvm-cpu (pip install -e .[iree])")
+    bn.add_argument("--iree-vulkan-target", help="IREE's --iree-vulkan-target (its default has no int64)")
     bn.add_argument("--json", help="write the report as JSON")
     bn.set_defaults(fn=cmd_bench)
 

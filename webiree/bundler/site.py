@@ -7,6 +7,7 @@ Output layout (stable; see docs/schedule-module.md):
     DIR/model.wrm          the schedule module
     DIR/weights.bin        the weights blob
     DIR/shaders/*.wgsl     every executable, for reading (the module embeds them)
+    DIR/shaders/*.spv      the same executables as SPIR-V 1.3 (targets including spirv)
 
 Builds are reproducible: no timestamps, stable ordering, same bytes twice.
 """
@@ -44,7 +45,10 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
     (out / MODULE_FILE).write_bytes(module_bytes)
     (out / WEIGHTS_FILE).write_bytes(result.weights)
     for name, text in result.shaders:
-        (shader_dir / name).write_text(text)
+        if isinstance(text, bytes):
+            (shader_dir / name).write_bytes(text)
+        else:
+            (shader_dir / name).write_text(text)
     m = result.module
     manifest = {
         "format": "webiree-site",
@@ -66,18 +70,25 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
     return manifest
 
 
-def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False):
+def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
+            targets=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]} pins symbolic dims.
     limits: 'default' (WebGPU defaults; runs anywhere), 'adapter', or a dict.
     pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
+    targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V, native runtime only) or
+      'wgsl,spirv' (WGSL module, .spv files written beside the .wgsl ones); None: $WEBIREE_TARGETS or wgsl.
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
-    result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after)
+    result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after, targets=targets)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
+    if tuple(result.module.executables[:1] and [result.module.executables[0].format]) == ("spirv",) or \
+            any(n.endswith(".spv") for n, _ in result.shaders):
+        options["targets"] = ",".join(dict.fromkeys(
+            [result.module.executables[0].format] + ["spirv" if n.endswith(".spv") else "wgsl" for n, _ in result.shaders]))
     try:
         result.manifest = write_build(result, out_dir, options, pyodide=pyodide)
     except OSError as e:

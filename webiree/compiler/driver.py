@@ -31,7 +31,7 @@ STAGES = ("import", "lower", "fuse", "memory", "kernels")
 class CompileResult:
     module: F.Module
     weights: bytes
-    shaders: list[tuple[str, str]]      # (file name, WGSL) one per executable
+    shaders: list[tuple[str, str]]      # (file name, WGSL text or SPIR-V bytes) one per executable and target
     dispatches: list[K.Dispatch]
     plan: memory.MemoryPlan
     program: object
@@ -102,12 +102,33 @@ def _file_name(i: int, name: str) -> str:
     return f"{i:03d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:60]}.wgsl"
 
 
-def compile_model(model, input_shapes=None, limits=None, validate: bool = True, dump_after=()) -> CompileResult:
+TARGETS = ("wgsl", "spirv")
+
+
+def parse_targets(targets) -> tuple:
+    """'wgsl' | 'spirv' | 'wgsl,spirv' | a sequence of those -> a tuple; the first is the format the
+    schedule module's executables use, every one is written to shaders/ (.wgsl / .spv)."""
+    if targets is None:   # WEBIREE_TARGETS lets a whole test run use another target (e.g. spirv)
+        import os
+        targets = os.environ.get("WEBIREE_TARGETS") or "wgsl"
+    if isinstance(targets, str):
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    out = tuple(dict.fromkeys(targets))
+    bad = [t for t in out if t not in TARGETS]
+    if bad or not out:
+        raise WebireeError(f"unknown target {', '.join(bad) or '(none)'}", hint="targets are wgsl and spirv")
+    return out
+
+
+def compile_model(model, input_shapes=None, limits=None, validate: bool = True, dump_after=(),
+                  targets=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
-    naming the stage, with the original exception chained (`--debug` shows its traceback)."""
+    naming the stage, with the original exception chained (`--debug` shows its traceback).
+    targets: see parse_targets (default WGSL only, or $WEBIREE_TARGETS)."""
     stage = ["import"]
+    targets = parse_targets(targets)
     try:
-        return _compile(stage, model, input_shapes, limits, validate, dump_after)
+        return _compile(stage, model, input_shapes, limits, validate, dump_after, targets)
     except WebireeError:
         raise
     except Exception as e:
@@ -116,7 +137,7 @@ def compile_model(model, input_shapes=None, limits=None, validate: bool = True, 
                                "(webiree --debug shows the traceback)") from e
 
 
-def _compile(stage, model, input_shapes, limits, validate, dump_after) -> CompileResult:
+def _compile(stage, model, input_shapes, limits, validate, dump_after, targets=("wgsl",)) -> CompileResult:
     lim = resolve_limits(limits)
     dumps = {}
     graph = import_model(model, input_shapes)
@@ -142,7 +163,7 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after) -> Compil
     dispatches = [K.build(op, prog, C.choose(op, prog, lim), lim) for op in prog.ops]
     check_dispatch_limits(dispatches, lim)
     sources: dict[str, int] = {}
-    executables, shaders, exec_of = [], [], []
+    executables, shaders, exec_of, spv = [], [], [], []
     for d in dispatches:
         text = wgsl.render(d.kernel)
         # the first line names the kernel; identical bodies share one executable
@@ -150,7 +171,13 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after) -> Compil
         if body not in sources:
             sources[body] = len(executables)
             fname = _file_name(len(executables), d.name)
-            executables.append(F.Executable(d.name, "wgsl", text.encode("utf-8"), "main", d.kernel.workgroup_size,
+            code = text.encode("utf-8")
+            if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
+                from ..wgsl_codegen import spirv
+                spv.append((fname[:-len(".wgsl")] + ".spv", spirv.emit(d.kernel)))
+                if targets[0] == "spirv":
+                    code = spv[-1][1]
+            executables.append(F.Executable(d.name, targets[0], code, "main", d.kernel.workgroup_size,
                                             [(b.slot, b.writes) for b in d.kernel.bindings]))
             shaders.append((fname, text))
         exec_of.append(sources[body])
@@ -158,8 +185,15 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after) -> Compil
         from ..hal_webgpu.wgpu_driver import validate_wgsl
         for ex, (fname, text) in zip(executables, shaders):
             validate_wgsl(ex.name, text)
+        if spv:
+            from ..wgsl_codegen.spirv import validate_spirv
+            for ex, (fname, code) in zip(executables, spv):
+                validate_spirv(ex.name, code)
     if "kernels" in dump_after:
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
+    if "wgsl" not in targets:
+        shaders = []
+    shaders += spv
 
     stage[0] = "schedule"
     module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
