@@ -14,7 +14,8 @@ OUT/digits/python.html   the same model from Python in the browser (Pyodide): th
 OUT/bench/               the benchmark page (demo/bench/index.html) and one build folder per
                          model: MobileNetV2 and MiniLM, the seed models of
                          tests/seed/export_seed_models.py (found in $WEBIREE_SEED_DIR,
-                         tests/.data/seed or /tmp/seed_final; exported there when missing)
+                         tests/.data/seed or /tmp/seed_final; exported there when missing),
+                         and the digits CNN when it was built
 
 Everything is local: no CDN, relative URLs only.
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 DEMO = Path(__file__).resolve().parent
 ROOT = DEMO.parent
 BENCH_MODELS = {"mobilenet_v2": "MobileNetV2 (1×3×224×224)", "minilm": "MiniLM (BERT, 6 layers, seq 128)"}
+DIGITS_LABEL = "digits CNN (1×1×8×8, demo/digits)"
 
 
 def _log(msg: str) -> None:
@@ -96,19 +98,29 @@ def build_python(out: Path) -> str:
     return "ok"
 
 
-def build_bench(out: Path) -> None:
+def build_bench(out: Path, models=None) -> list[str]:
+    """Compile the benchmark models into OUT/bench/NAME/ (default: MobileNetV2, MiniLM, and the
+    digits CNN when OUT/digits.onnx exists) and write the page and models.json (every model
+    built there so far). Returns the names in models.json."""
     import webiree
 
     site = out / "bench"
     site.mkdir(parents=True, exist_ok=True)
-    seeds = seed_dir(BENCH_MODELS)
-    for name in BENCH_MODELS:
+    if models is None:
+        models = list(BENCH_MODELS) + (["digits"] if (out / "digits.onnx").is_file() else [])
+    seeds = [m for m in models if m in BENCH_MODELS]
+    seeds_at = seed_dir(seeds) if seeds else None
+    for name in models:
         t0 = time.perf_counter()
-        webiree.compile(seeds / f"{name}.onnx", site / name)
+        src = out / "digits.onnx" if name == "digits" else seeds_at / f"{name}.onnx"
+        webiree.compile(src, site / name)
         _log(f"bench: compiled {name} in {time.perf_counter() - t0:.1f} s")
+    labels = dict(BENCH_MODELS, digits=DIGITS_LABEL)
+    present = [n for n in labels if (site / n / "manifest.json").is_file()]
     (site / "models.json").write_text(json.dumps(
-        {"models": [{"name": n, "label": label} for n, label in BENCH_MODELS.items()]}, indent=1) + "\n")
+        {"models": [{"name": n, "label": labels[n]} for n in present]}, indent=1) + "\n")
     shutil.copyfile(DEMO / "bench" / "index.html", site / "index.html")
+    return present
 
 
 INDEX = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>webiree demos</title>

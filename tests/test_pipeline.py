@@ -159,3 +159,27 @@ def test_weights_pages_respect_max_buffer_size(tmp_path):
     got = webiree.InferenceSession(tmp_path).run(None, x)
     for g, r in zip(got, ort_run(model, x)):
         assert_close(g, r)
+
+
+def test_external_data_and_bytes_input(tmp_path):
+    """A model saved with external data compiles from its path; raw bytes compile too."""
+    import onnx
+
+    model = models.mlp()
+    path = tmp_path / "ext" / "mlp.onnx"
+    path.parent.mkdir()
+    to_save = onnx.ModelProto()
+    to_save.CopyFrom(model)     # saving with external data rewrites the proto in place
+    onnx.save(to_save, path, save_as_external_data=True, all_tensors_to_one_file=True, location="mlp.data",
+              size_threshold=0)
+    assert (tmp_path / "ext" / "mlp.data").exists()
+    x = models.sample_inputs(model)
+    ref = ort_run(model, x)
+    webiree.compile(path, tmp_path / "a")
+    webiree.compile(model.SerializeToString(), tmp_path / "b")
+    for d in ("a", "b"):
+        for g, r in zip(webiree.InferenceSession(tmp_path / d).run(None, x), ref):
+            assert_close(g, r)
+    onnx_bytes = onnx.load(str(path), load_external_data=False).SerializeToString()
+    with pytest.raises(webiree.ModelError, match="external"):
+        webiree.compile(onnx_bytes, tmp_path / "c")

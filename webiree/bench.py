@@ -117,7 +117,8 @@ def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: i
 
 
 def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", inputs_path=None,
-          iree: bool = False, input_shapes=None, json_out=None, log=print, iree_vulkan_target=None) -> dict:
+          iree: bool = False, input_shapes=None, json_out=None, log=print, iree_vulkan_target=None,
+          spirv: bool = False) -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -145,6 +146,18 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         report["results"]["onnxruntime-cpu"] = {"median_ms": ort_ms, "rel_err": 0.0}
         report["results"]["webiree"] = {"median_ms": wi_ms,
                                         "rel_err": max(_rel_err(g, r) for g, r in zip(wi_out, ref))}
+        if spirv:   # the same kernels as SPIR-V executables (wgsl_codegen/spirv.py)
+            try:
+                t0 = time.perf_counter()
+                build(model_path, tmp / "site-spirv", input_shapes, limits=limits, targets="spirv")
+                spirv_build_s = time.perf_counter() - t0
+                spv_sess = InferenceSession(tmp / "site-spirv")
+                ms, out = _median_ms(lambda: spv_sess.run(None, feeds), runs, warmup)
+                report["results"]["webiree-spirv"] = {"median_ms": ms, "build_s": spirv_build_s,
+                                                      "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
+                del spv_sess
+            except Exception as e:  # noqa: BLE001  (reported, like IREE's)
+                report["results"]["webiree-spirv"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         if iree:
             for backend in ("vulkan-spirv", "llvm-cpu"):
                 try:

@@ -174,7 +174,8 @@ def cmd_bench(args) -> int:
     if not Path(args.model).is_file():
         raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
     bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
-          _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target)
+          _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target,
+          spirv=args.spirv)
     return 0
 
 
@@ -231,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--inputs", help=".npz of inputs keyed by input name (default: seeded random)")
     bn.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...")
     bn.add_argument("--iree", action="store_true", help="also run IREE vulkan-spirv and llvm-cpu (pip install -e .[iree])")
+    bn.add_argument("--spirv", action="store_true", help="also build and time the SPIR-V executables")
     bn.add_argument("--iree-vulkan-target", help="IREE's --iree-vulkan-target (its default has no int64)")
     bn.add_argument("--json", help="write the report as JSON")
     bn.set_defaults(fn=cmd_bench)

@@ -7,7 +7,7 @@ Output layout (stable; see docs/schedule-module.md):
     DIR/model.wrm          the schedule module
     DIR/weights.bin        the weights blob
     DIR/shaders/*.wgsl     every executable, for reading (the module embeds them)
-    DIR/shaders/*.spv      the same executables as SPIR-V 1.3 (targets including spirv)
+    DIR/shaders/*.spv      the same executables as SPIR-V 1.3 (when the targets include spirv)
 
 Builds are reproducible: no timestamps, stable ordering, same bytes twice.
 """
@@ -45,10 +45,9 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
     (out / MODULE_FILE).write_bytes(module_bytes)
     (out / WEIGHTS_FILE).write_bytes(result.weights)
     for name, text in result.shaders:
-        if isinstance(text, bytes):
-            (shader_dir / name).write_bytes(text)
-        else:
-            (shader_dir / name).write_text(text)
+        (shader_dir / name).write_text(text)
+    for name, code in getattr(result, "spirv", None) or []:
+        (shader_dir / name).write_bytes(code)
     m = result.module
     manifest = {
         "format": "webiree-site",
@@ -56,7 +55,8 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
         "model": m.info.get("model", "model"),
         "inputs": [{"name": io.name, "shape": list(io.shape), "type": _type_name(io.onnx_type)} for io in m.inputs],
         "outputs": [{"name": io.name, "shape": list(io.shape), "type": _type_name(io.onnx_type)} for io in m.outputs],
-        "files": {"module": MODULE_FILE, "weights": WEIGHTS_FILE, "shaders": [n for n, _ in result.shaders]},
+        "files": {"module": MODULE_FILE, "weights": WEIGHTS_FILE, "shaders": [n for n, _ in result.shaders]
+                  + [n for n, _ in getattr(result, "spirv", None) or []]},
         "sizes": {"module_bytes": len(module_bytes), "weights_bytes": len(result.weights),
                   "arena_bytes": result.plan.arena_peak},
         "dispatches": len(result.dispatches),
@@ -77,18 +77,18 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     input_shapes: {input name: [dims]} pins symbolic dims.
     limits: 'default' (WebGPU defaults; runs anywhere), 'adapter', or a dict.
     pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
-    targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V, native runtime only) or
-      'wgsl,spirv' (WGSL module, .spv files written beside the .wgsl ones); None: $WEBIREE_TARGETS or wgsl.
+    targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V: native runtime only) or
+      'wgsl,spirv' (a WGSL module); with spirv, shaders/ holds .spv files beside the .wgsl ones.
+      None: $WEBIREE_TARGETS, else wgsl.
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
     result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after, targets=targets)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
-    if tuple(result.module.executables[:1] and [result.module.executables[0].format]) == ("spirv",) or \
-            any(n.endswith(".spv") for n, _ in result.shaders):
-        options["targets"] = ",".join(dict.fromkeys(
-            [result.module.executables[0].format] + ["spirv" if n.endswith(".spv") else "wgsl" for n, _ in result.shaders]))
+    if result.spirv:   # recorded only when not the default (WGSL only)
+        fmt = result.module.executables[0].format if result.module.executables else "wgsl"
+        options["targets"] = "spirv" if fmt == "spirv" else "wgsl,spirv"
     try:
         result.manifest = write_build(result, out_dir, options, pyodide=pyodide)
     except OSError as e:

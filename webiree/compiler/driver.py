@@ -31,13 +31,14 @@ STAGES = ("import", "lower", "fuse", "memory", "kernels")
 class CompileResult:
     module: F.Module
     weights: bytes
-    shaders: list[tuple[str, str]]      # (file name, WGSL text or SPIR-V bytes) one per executable and target
+    shaders: list[tuple[str, str]]      # (file name, WGSL) one per executable
     dispatches: list[K.Dispatch]
     plan: memory.MemoryPlan
     program: object
     graph: object
     limits: dict
     dumps: dict = field(default_factory=dict)
+    spirv: list = field(default_factory=list)   # (file name, SPIR-V bytes) one per executable, when targeted
 
 
 def resolve_limits(limits) -> dict:
@@ -191,13 +192,10 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after, targets=(
                 validate_spirv(ex.name, code)
     if "kernels" in dump_after:
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
-    if "wgsl" not in targets:
-        shaders = []
-    shaders += spv
 
     stage[0] = "schedule"
     module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
-    return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps)
+    return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps, spv)
 
 
 def _schedule(prog, plan, dispatches, exec_of, executables, lim):

@@ -366,7 +366,12 @@ class _Emitter:
 
     def stmt(self, s) -> None:
         if isinstance(s, kir.Let):
-            self.scopes[-1][s.name] = ("let", self.expr(s.value), s.value.dtype)
+            value = self.expr(s.value)
+            if any(s.name in scope for scope in self.scopes):
+                # a shadowing Let: values cached under the old binding of the name must not be reused
+                for layer in self.pure:
+                    layer.clear()
+            self.scopes[-1][s.name] = ("let", value, s.value.dtype)
         elif isinstance(s, kir.Decl):
             v = self.new_var(s.dtype)
             init = self.expr(s.init) if s.init is not None else self.m.null(s.dtype)
