@@ -117,7 +117,7 @@ def new_page(browser, url: str, ready: str, timeout_s: float = EVAL_TIMEOUT_S, *
 
 @pytest.fixture(scope="module")
 def digits_page(browser, server, digits):
-    ctx, pg = new_page(browser, server + "digits/", "ready", viewport={"width": 820, "height": 560})
+    ctx, pg = new_page(browser, server + "digits/", "ready", viewport={"width": 800, "height": 700})
     yield pg
     ctx.close()
 
@@ -216,7 +216,7 @@ def bench_seed(root, bench):
 
 def run_bench(browser, server, tmp_path, model: str, runs: int, shot: str | None = None):
     ctx, pg = new_page(browser, f"{server}bench/?model={model}&runs={runs}", "ready",
-                       viewport={"width": 900, "height": 700})
+                       viewport={"width": 860, "height": 820})
     try:
         adapter = pg.inner_text("#adapter")
         assert "features" in adapter and "timestamp-query" in adapter, adapter
@@ -238,7 +238,7 @@ def run_bench(browser, server, tmp_path, model: str, runs: int, shot: str | None
         assert "GPU time per dispatch" in dispatches and f"{len(r['profile'])} dispatches" in dispatches
         assert r["profile"] and all(p["ms"] >= 0 for p in r["profile"])
         if shot:
-            screenshot(pg, tmp_path, shot, full_page=True)
+            screenshot(pg, tmp_path, shot)  # the viewport: controls, numbers, chart, top dispatches
         assert not pg.errors
         return r
     finally:
@@ -253,7 +253,7 @@ def test_bench_page(browser, server, bench, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("model,runs", [("mobilenet_v2", 3), ("minilm", 2)])
 def test_bench_page_seed_models(browser, server, bench_seed, tmp_path, model, runs):
-    """Slow on SwiftShader with 2 cores (about 20 s a MobileNetV2 inference, 35 s a MiniLM one):
+    """Slow on SwiftShader with 2 cores (about 12 s a MobileNetV2 inference, 40 s a MiniLM one):
     a warm-up, the timed runs and a profiled run."""
     r = run_bench(browser, server, tmp_path, model, runs, shot=f"bench_{model}.png" if model == "mobilenet_v2" else None)
     assert len(r["profile"]) > 40
@@ -301,6 +301,7 @@ def test_python_page_cell(browser, server, python_page, tmp_path):
     try:
         code = pg.input_value("#code")
         assert "class DigitReader" in code and "await read_digit(pixels)" in code
+        screenshot(pg, tmp_path, "python.png", full_page=True)  # booted: the cell, ready to run
         out = run_cell(pg)
         assert "a 0 from the test set -> predicted 0" in out, out
         assert "a 7 from the test set -> predicted 7" in out, out
@@ -311,7 +312,7 @@ def test_python_page_cell(browser, server, python_page, tmp_path):
         assert "blank ->" in out and out.strip().endswith(" 1.0"), out
         pg.fill("#code", code)
         run_cell(pg)
-        screenshot(pg, tmp_path, "python.png", full_page=True)
+        screenshot(pg, tmp_path, "python_run.png", full_page=True)
         assert not pg.errors
     finally:
         ctx.close()
