@@ -253,7 +253,7 @@ def test_bench_page(browser, server, bench, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("model,runs", [("mobilenet_v2", 3), ("minilm", 2)])
 def test_bench_page_seed_models(browser, server, bench_seed, tmp_path, model, runs):
-    """Slow on SwiftShader with 2 cores (about 12 s a MobileNetV2 inference, 40 s a MiniLM one):
+    """Slow on SwiftShader with 2 cores (about 10-12 s a MobileNetV2 inference, 40 s a MiniLM one):
     a warm-up, the timed runs and a profiled run."""
     r = run_bench(browser, server, tmp_path, model, runs, shot=f"bench_{model}.png" if model == "mobilenet_v2" else None)
     assert len(r["profile"]) > 40
