@@ -15,10 +15,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +26,11 @@ import webiree
 from webiree.module import read_module, write_module
 from webiree.testing.models import make_model, mlp, sample_inputs, small_cnn
 
+from .browser_util import CHROMIUM, CHROMIUM_ARGS, chromium, serving  # noqa: F401
 from .conftest import assert_close, ort_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--no-sandbox"]  # --no-sandbox: the tests may run as root
 EVAL_TIMEOUT_S = 60
 NUMPY_OF = {"float32": "<f4", "int64": "<i8", "int32": "<i4", "bool": "u1", "uint8": "u1"}
 TYPE_OF = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64", np.dtype(np.int32): "int32",
@@ -115,35 +111,14 @@ def sites(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(sites):
-    import uvicorn
-
-    from webiree.bundler.server import create_app
-
-    srv = uvicorn.Server(uvicorn.Config(create_app(sites[0]), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the webiree server did not start"
-        time.sleep(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/"
-    srv.should_exit = True
-    thread.join(10)
+    with serving(sites[0]) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (scripts/setup.sh)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture

@@ -13,11 +13,9 @@ they also replace demo/screenshots/*.png (what demo/README.md shows).
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +23,8 @@ import numpy as np
 import pytest
 
 from .conftest import assert_close, ort_run
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, EVAL_TIMEOUT_S
+from .browser_util import chromium, serving
+from .test_browser import EVAL_TIMEOUT_S
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -72,35 +71,14 @@ def digits(root):
 
 @pytest.fixture(scope="module")
 def server(root):
-    import uvicorn
-
-    from webiree.bundler.server import create_app
-
-    srv = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the webiree server did not start"
-        time.sleep(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/"
-    srv.should_exit = True
-    thread.join(10)
+    with serving(root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (scripts/setup.sh)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def new_page(browser, url: str, ready: str, timeout_s: float = EVAL_TIMEOUT_S, **ctx_kw):
