@@ -367,6 +367,61 @@ def test_api(pypage, server):
     assert r["missing_site"][0] == "model" and "manifest.json: HTTP 404" in r["missing_site"][1]
 
 
+REUSE_PY = """
+import array, json, js
+from pyodide.code import run_js
+import webiree_runtime as wr
+restore = run_js(\"\"\"(() => {
+  const P = GPUDevice.prototype, orig = {...Object.fromEntries(['createBindGroup', 'createComputePipelineAsync',
+    'createCommandEncoder', 'createBuffer'].map((k) => [k, P[k]]))};
+  globalThis.gpuCalls = {createBindGroup: 0, createComputePipelineAsync: 0, createCommandEncoder: 0, createBuffer: 0};
+  for (const k of Object.keys(orig)) P[k] = function (...a) { gpuCalls[k]++; return orig[k].apply(this, a); };
+  return () => Object.assign(P, orig);
+})()\"\"\")
+counts = lambda: dict(js.Object.entries(js.gpuCalls).to_py())
+try:
+    sess = await wr.InferenceSession.create("../small_cnn/")
+    created = counts()
+    x = array.array("f", [0.5] * (3 * 32 * 32))
+    for _ in range(3):
+        await sess.run(None, {"image": (x, [1, 3, 32, 32])})
+    ran = counts()
+    await sess.release()
+finally:
+    restore()
+json.dumps({"created": created, "ran": ran, "dispatches": len(sess.module.info["dispatches"]),
+            "executables": len(sess.module.executables), "buffers": len(sess.module.buffers)})
+"""
+
+
+def test_runs_reuse_prepared_work(pypage, server):
+    """Pipelines (all started before any is awaited), buffers and bind groups are made once per
+    session; each run records the prepared list into one new command encoder."""
+    r = py(pypage, REUSE_PY)
+    assert "error" not in r, r
+    c, n = r["created"], r["dispatches"]
+    assert c == {"createBindGroup": n, "createComputePipelineAsync": r["executables"], "createCommandEncoder": 0,
+                 "createBuffer": r["buffers"] + 1}   # + the one readback buffer
+    assert r["ran"] == {**c, "createCommandEncoder": 3}
+
+
+def test_cli_build_with_pyodide(tmp_path, monkeypatch):
+    from onnx import save
+
+    from webiree.cli import main
+
+    save(mlp(), str(tmp_path / "m.onnx"))
+    assert main(["build", str(tmp_path / "m.onnx"), "--out", str(tmp_path / "plain")]) == 0
+    assert (tmp_path / "plain" / P.wheel_name()).is_file() and (tmp_path / "plain" / P.PYTHON_PAGE).is_file()
+    assert not (tmp_path / "plain" / P.PYODIDE_DIR).exists()
+    assert main(["build", str(tmp_path / "m.onnx"), "--out", str(tmp_path / "full"), "--pyodide"]) == 0
+    assert sorted(p.name for p in (tmp_path / "full" / P.PYODIDE_DIR).iterdir()) == sorted(P.PYODIDE_FILES)
+    monkeypatch.setenv("WEBIREE_PYODIDE_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(webiree.WebireeError, match=f"Pyodide {P.PYODIDE_VERSION} is not installed") as e:
+        webiree.compile(mlp(), tmp_path / "again", pyodide=True)
+    assert "scripts/setup.sh" in e.value.hint
+
+
 def test_adapter_limits_too_small(pypage, server, root, sites):
     from webiree.module import read_module, write_module
 
@@ -448,7 +503,7 @@ def test_python_page_without_pyodide(browser, server, root, sites):
 
 # ---------------------------------------------------------------- latency: Python vs JavaScript
 BENCH_SETUP_PY = """
-import array, base64, json, time
+import array, base64, json
 import webiree_runtime as wr
 arg = json.loads(ARG)
 CODES = {"float32": "f", "int64": "q", "int32": "i", "bool": "B"}
@@ -459,60 +514,71 @@ for name, f in arg["feeds"].items():
     bench_feeds[name] = (a, f["dims"])
 bench_sess = await wr.InferenceSession.create(arg["url"])
 await bench_sess.run(None, bench_feeds)
-bench_host = []
 
 async def bench_once():
-    t0 = time.perf_counter()
     await bench_sess.run(None, bench_feeds)
-    total = (time.perf_counter() - t0) * 1e3
-    bench_host.append(total - bench_sess.driver.gpu_wait_ms)   # Python's own time around the GPU wait
 """
 
-BENCH_JS = """async ({url, feeds, runs}) => {
+# Both runtimes in one page, runs interleaved so drift in the machine's load hits both alike.
+# GPUBuffer.mapAsync is wrapped to time the wait for the GPU in either runtime the same way:
+# host = latency - that wait is each runtime's own work per inference (feeds, encoding,
+# submit, readback copy, and for Python the hops between the interpreter and JS).
+BENCH_JS = """async ({url, feeds, runs, timeoutMs}) => {
   const p = globalThis.webireePy;
   const w = await import(url + 'webiree.js');
   const ARR = {float32: Float32Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array};
   const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
   const tensors = {};
   for (const [name, {type, dims, data}] of Object.entries(feeds)) tensors[name] = new w.Tensor(type, new ARR[type](bytes(data).buffer), dims);
-  const js = await w.InferenceSession.create(url);
+  const js = await w.InferenceSession.create(url, {timeoutMs});
   await js.run(tensors);
   const once = p.namespace.get('bench_once');
-  const py = [], jst = [];
-  for (let i = 0; i < runs; i++) {  // interleaved, so drift in the machine's load hits both alike
-    let t0 = performance.now(); await once(); py.push(performance.now() - t0);
-    t0 = performance.now(); await js.run(tensors); jst.push(performance.now() - t0);
+  const mapAsync = GPUBuffer.prototype.mapAsync;
+  let wait = 0;
+  GPUBuffer.prototype.mapAsync = function (...args) {
+    const t0 = performance.now();
+    return mapAsync.apply(this, args).then((v) => { wait += performance.now() - t0; return v; });
+  };
+  const r = {py: [], js: [], pyHost: [], jsHost: []};
+  try {
+    for (let i = 0; i < runs; i++) {
+      wait = 0;
+      let t0 = performance.now();
+      await once();
+      r.py.push(performance.now() - t0);
+      r.pyHost.push(r.py[i] - wait);
+      wait = 0;
+      t0 = performance.now();
+      await js.run(tensors);
+      r.js.push(performance.now() - t0);
+      r.jsHost.push(r.js[i] - wait);
+    }
+  } finally {
+    GPUBuffer.prototype.mapAsync = mapAsync;
+    once.destroy();
+    await js.release();
+    await p.exec('await bench_sess.release()');
   }
-  once.destroy();
-  await js.release();
-  const host = p.namespace.get('bench_host').toJs();
-  await p.exec('await bench_sess.release()');
-  return {py, js: jst, host};
+  return r;
 }"""
-
-
-def _bench(page, server, name, feeds, runs):
-    r = py(page, BENCH_SETUP_PY + "\njson.dumps('ok')", {"url": f"../{name}/", "feeds": b64_feeds(feeds)})
-    assert r == "ok", r
-    t = evaluate(page, BENCH_JS, {"url": f"{server}{name}/", "feeds": b64_feeds(feeds), "runs": runs}, RUN_TIMEOUT_S)
-    med = {k: statistics.median(v) for k, v in t.items()}
-    return med
 
 
 @pytest.mark.parametrize("name", ["mlp", "small_cnn", pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
 def test_latency_python_vs_js(request, pypage, server, sites, name):
     if name == "mobilenet_v2":
-        _, feeds, _ = request.getfixturevalue("mobilenet")
-        runs = 15
+        feeds, runs = request.getfixturevalue("mobilenet")[1], 10
     else:
-        feeds = sites[name][1]
-        runs = 30
+        feeds, runs = sites[name][1], 30
     boot_ms = evaluate(pypage, "async () => webireePy.bootMs")
-    med = _bench(pypage, server, name, feeds, runs)
-    overhead = med["py"] - med["js"]
+    r = py(pypage, BENCH_SETUP_PY + "\njson.dumps('ok')", {"url": f"../{name}/", "feeds": b64_feeds(feeds)})
+    assert r == "ok", r
+    t = evaluate(pypage, BENCH_JS, {"url": f"{server}{name}/", "feeds": b64_feeds(feeds), "runs": runs,
+                                    "timeoutMs": 600_000}, RUN_TIMEOUT_S * 2)
+    med = {k: statistics.median(v) for k, v in t.items()}
     print(f"\n[pyodide] {name}: Pyodide boot {boot_ms:.0f} ms; median of {runs} interleaved runs: "
-          f"Python (Pyodide) {med['py']:.2f} ms, JavaScript {med['js']:.2f} ms, "
-          f"overhead {overhead:+.2f} ms per inference (Python's own time around the GPU wait {med['host']:.2f} ms)")
+          f"Python (Pyodide) {med['py']:.2f} ms, JavaScript {med['js']:.2f} ms (difference {med['py'] - med['js']:+.2f} ms); "
+          f"host time outside the GPU wait: Python {med['pyHost']:.2f} ms, JavaScript {med['jsHost']:.2f} ms, "
+          f"overhead of Python {med['pyHost'] - med['jsHost']:+.2f} ms per inference")
     assert med["py"] > 0 and med["js"] > 0
-    # the Python interpreter's own work per inference (feeds, submit, readback copy) stays small
-    assert med["host"] < 20, med
+    # the Python interpreter's own work per inference stays small (the issue aims at < 5 ms for MobileNetV2)
+    assert med["pyHost"] - med["jsHost"] < 15, med

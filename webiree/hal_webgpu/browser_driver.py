@@ -87,8 +87,13 @@ _HELPERS_JS = r"""
         };
         timer = setTimeout(check, this.ms);
       });
-      const done = promise.finally(() => { this.progressAt = performance.now(); this.compiling--; });
-      const p = Promise.race([done, stalled, this.lost]).finally(() => clearTimeout(timer));
+      // Chain only onto Promise.race(...): a .then()/.finally() directly on a promise handed
+      // over from Python is a fatal error in Pyodide 314 under Chromium (JSPI).
+      const p = Promise.race([promise, stalled, this.lost]).finally(() => {
+        clearTimeout(timer);
+        this.progressAt = performance.now();
+        this.compiling--;
+      });
       p.catch(() => {});
       return p;
     }
