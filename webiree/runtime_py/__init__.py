@@ -162,6 +162,12 @@ def _host_array(data):
 def _feed(io, value):
     """(data, onnx_type) for Interpreter feeds, checked against the module's input `io`."""
     shape = want = None
+    if type(value).__name__.startswith("Js"):   # from JS: [typedArray, dims] or a webiree.js Tensor
+        ctor = str(getattr(getattr(value, "constructor", None), "name", ""))
+        if ctor == "Array":
+            value = tuple(value)
+        elif ctor == "Tensor" and hasattr(value, "dims") and hasattr(value, "data"):
+            value = (value.data, list(value.dims), str(value.type))
     if isinstance(value, Tensor):
         data, shape, want = value.data, value.shape, value.onnx_type
     elif isinstance(value, tuple) and len(value) in (2, 3) and not all(isinstance(v, (int, float)) for v in value):
