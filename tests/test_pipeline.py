@@ -183,3 +183,20 @@ def test_external_data_and_bytes_input(tmp_path):
     onnx_bytes = onnx.load(str(path), load_external_data=False).SerializeToString()
     with pytest.raises(webiree.ModelError, match="external"):
         webiree.compile(onnx_bytes, tmp_path / "c")
+
+
+def test_bench_command_reports_correct_results(tmp_path, capsys):
+    """`webiree bench` runs end to end (a smoke test of the command, not a timing test)."""
+    import json
+
+    import onnx
+
+    from webiree.cli import main
+
+    onnx.save(models.mlp(), tmp_path / "mlp.onnx")
+    assert main(["bench", str(tmp_path / "mlp.onnx"), "--runs", "2", "--warmup", "1",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["results"]["webiree"]["rel_err"] <= 1e-4
+    assert r["dispatches"] == 4 and r["memory"]["ratio"] <= 1.25
+    assert "x webiree" in capsys.readouterr().out

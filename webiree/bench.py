@@ -17,7 +17,6 @@ A benchmark, not a test: it asserts nothing about speed.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -134,7 +133,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
-        res = build(model_path, tmp / "site", input_shapes, limits=limits)
+        build(model_path, tmp / "site", input_shapes, limits=limits)
         report["build_s"] = time.perf_counter() - t0
         sess = InferenceSession(tmp / "site")
         wi_ms, wi_out = _median_ms(lambda: sess.run(None, feeds), runs, warmup)
@@ -213,24 +212,3 @@ def _print(r: dict, log):
     m = r["memory"]
     log(f"  memory: weights {m['weights']} B + arena {m['arena']} B = {(m['ratio']):.3f} x "
         f"(weights + largest live set {m['max_live']} B)")
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="webiree bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="an .onnx file")
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--limits", default="adapter", choices=["default", "adapter"])
-    p.add_argument("--inputs", help=".npz of inputs (default: seeded random)")
-    p.add_argument("--iree", action="store_true", help="also run IREE (vulkan-spirv, llvm-cpu) if installed")
-    p.add_argument("--json", help="write the report as JSON")
-    a = p.parse_args(argv)
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-    bench(a.model, a.runs, a.warmup, a.limits, a.inputs, a.iree, json_out=a.json)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
