@@ -14,7 +14,7 @@ OUT/digits/python.html   the same model from Python in the browser (Pyodide): th
 OUT/bench/               the benchmark page (demo/bench/index.html) and one build folder per
                          model: MobileNetV2 and MiniLM, the seed models of
                          tests/seed/export_seed_models.py (found in $WEBIREE_SEED_DIR,
-                         tests/.data/seed or /tmp/seed_final; exported there when missing),
+                         tests/.data/seed; exported there when missing),
                          and the digits CNN when it was built
 
 Everything is local: no CDN, relative URLs only.
@@ -47,7 +47,7 @@ def seed_dir(names) -> Path:
     """A folder holding NAME.onnx for every name (exported with the seed script when none has)."""
     env = os.environ.get("WEBIREE_SEED_DIR")
     candidates = [Path(env)] if env else []
-    candidates += [ROOT / "tests" / ".data" / "seed", Path("/tmp/seed_final")]
+    candidates += [ROOT / "tests" / ".data" / "seed"]
     for d in candidates:
         if all((d / f"{n}.onnx").is_file() for n in names):
             return d
