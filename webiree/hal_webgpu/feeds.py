@@ -94,3 +94,23 @@ def decode_output(io, raw: bytes):
         return array.array("B", (1 if v else 0 for v in src)), 9
     code = HOST_CODES.get(t, "i")
     return array.array(code, src), t
+
+
+def check_names(module, input_feed: dict, output_names) -> list:
+    """Check feed and output names against the module (both runtimes call this);
+    returns the output names to return, in order."""
+    by_name = [io.name for io in module.inputs]
+    unknown = sorted(set(input_feed) - set(by_name))
+    if unknown:
+        raise FeedError(f"unknown input name(s) {unknown}", hint=f"the model's inputs are {by_name}")
+    missing = [n for n in by_name if n not in input_feed]
+    if missing:
+        raise FeedError(f"missing input(s) {missing}", hint=f"the model's inputs are {by_name}")
+    names = [io.name for io in module.outputs]
+    if output_names is None:
+        return names
+    output_names = list(output_names)
+    bad = [n for n in output_names if n not in names]
+    if bad:
+        raise FeedError(f"unknown output name(s) {bad}", hint=f"the model's outputs are {names}")
+    return output_names

@@ -26,7 +26,7 @@ import base64
 import json
 
 from ..errors import DeviceError, FeedError, ModelError, WebireeError
-from ..hal_webgpu.feeds import ONNX_TYPE_NAMES, check_shape, decode_output, encode_input, type_name
+from ..hal_webgpu.feeds import ONNX_TYPE_NAMES, check_names, check_shape, decode_output, encode_input, type_name
 from ..hal_webgpu.interpreter import Interpreter
 from ..module.format import ModuleFormatError, read_module
 
@@ -290,18 +290,7 @@ class InferenceSession:
         if not isinstance(input_feed, dict):
             raise FeedError("feeds must be a dict {input name: (data, shape)}")
         by_name = {io.name: io for io in self.module.inputs}
-        unknown = sorted(set(input_feed) - set(by_name))
-        if unknown:
-            raise FeedError(f"unknown input name(s) {unknown}", hint=f"the model's inputs are {list(by_name)}")
-        missing = [n for n in by_name if n not in input_feed]
-        if missing:
-            raise FeedError(f"missing input(s) {missing}", hint=f"the model's inputs are {list(by_name)}")
-        names = [io.name for io in self.module.outputs]
-        if output_names is not None:
-            output_names = list(output_names)
-            bad = [n for n in output_names if n not in names]
-            if bad:
-                raise FeedError(f"unknown output name(s) {bad}", hint=f"the model's outputs are {names}")
+        wanted = check_names(self.module, input_feed, output_names)
         enc = {}
         for name, value in input_feed.items():
             io = by_name[name]
@@ -317,7 +306,7 @@ class InferenceSession:
         for io in self.module.outputs:
             data, t = decode_output(io, raw[io.name])
             outs[io.name] = Tensor(t, data, io.shape, io.name)
-        return [outs[n] for n in (output_names if output_names is not None else names)]
+        return [outs[n] for n in wanted]
 
     async def release(self):
         """Destroy the GPU buffers and the device; the session cannot run afterwards."""
