@@ -197,6 +197,15 @@ function checkLimits(needed, adapter) {
     }
     required[camel(key)] = needed[key];
   }
+  const sg = needed.subgroup_size;
+  if (sg) {
+    // kernels that broadcast within a workgroup need it to be exactly one subgroup of that size
+    const info = adapter.info || {};
+    if (!adapter.features.has('subgroups') || info.subgroupMinSize !== sg || info.subgroupMaxSize !== sg) {
+      fail('limits', `the model's kernels broadcast within subgroups of ${sg} invocations; this adapter does not guarantee that size`,
+        'rebuild the model with the default limits, which run anywhere');
+    }
+  }
   const key = 'min_storage_buffer_offset_alignment';
   const have = adapter.limits[camel(key)];
   if (key in needed && have && needed[key] % have) {
@@ -243,6 +252,7 @@ export class InferenceSession {
     if (!adapter) fail('device', 'WebGPU is present but no GPU adapter is available', 'enable hardware acceleration, or try another browser');
     const requiredLimits = checkLimits(module.limits, adapter);
     const requiredFeatures = adapter.features.has('timestamp-query') ? ['timestamp-query'] : [];
+    if (module.limits.subgroup_size) requiredFeatures.push('subgroups');
     let device;
     try {
       device = await withTimeout(adapter.requestDevice({requiredLimits, requiredFeatures}), timeout, 'adapter.requestDevice()');
@@ -307,7 +317,9 @@ export class InferenceSession {
     });
     const pipelines = await Promise.all(m.executables.map(async (e) => {
       if (e.format !== 'wgsl') fail('model', `executable ${e.name} is SPIR-V; browsers take WGSL only`, 'rebuild the model for WebGPU');
-      const code = new TextDecoder().decode(e.code);
+      let code = new TextDecoder().decode(e.code);
+      // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
+      if (code.includes('subgroupBroadcast(')) code = 'enable subgroups;\n' + code;
       const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot}) => (
         {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'storage'}}))});
       const shader = d.createShaderModule({label: e.name, code});

@@ -19,6 +19,7 @@ from ..errors import CompilerBug, LimitsError, WebireeError
 from ..module import format as F
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
+from ..wgsl_codegen import kir
 from ..wgsl_codegen import wgsl
 from . import memory, passes
 from .importer import import_model
@@ -50,6 +51,8 @@ def resolve_limits(limits) -> dict:
         have = adapter_limits()
         out = dict(C.DEFAULT_LIMITS)
         out.update({k: have[k] for k in out if k in have})
+        if have.get("subgroup_size"):
+            out["subgroup_size"] = have["subgroup_size"]
         out["device_class"] = "cpu" if adapter_info().get("adapter_type", "").upper() == "CPU" else "gpu"
         return _u32_limits(out)
     if not isinstance(limits, dict):
@@ -150,7 +153,8 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after, targets=(
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()
     stage[0] = "fuse"
-    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"])
+    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
+                matmul_prologues=not C.subgroup_matmuls(lim))
     passes.dce(prog)
     if "fuse" in dump_after:
         dumps["fuse"] = prog.summary()
@@ -245,4 +249,6 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         "views": sorted(n for n, t in prog.tensors.items() if t.alias_of is not None),
     }
     limits = {k: int(v) for k, v in lim.items() if isinstance(v, int)}
+    if not any(kir.uses_subgroups(d.kernel) for d in dispatches):
+        limits.pop("subgroup_size", None)    # recorded only where a kernel relies on it
     return F.Module(executables, buffers, inputs, outputs, commands, limits, info), bytes(blob)

@@ -26,6 +26,13 @@ def check_limits(needed: dict, have: dict) -> None:
         if key in needed and key in have and needed[key] > have[key]:
             raise LimitsError(f"the model needs {key} = {needed[key]}, the adapter offers {have[key]}",
                               hint="rebuild the model for this adapter's limits (webiree build --limits adapter)")
+    if needed.get("subgroup_size") and needed["subgroup_size"] != have.get("subgroup_size"):
+        offers = (f"runs subgroups of {have['subgroup_size']}" if have.get("subgroup_size")
+                  else "has no usable subgroups")
+        raise LimitsError(f"the model's kernels broadcast within subgroups of {needed['subgroup_size']} "
+                          f"invocations; this adapter {offers}",
+                          hint="rebuild the model for this adapter (webiree build --limits adapter) "
+                               "or with the default limits, which run anywhere")
     key = "min_storage_buffer_offset_alignment"
     if key in needed and key in have and needed[key] % have[key]:
         raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")

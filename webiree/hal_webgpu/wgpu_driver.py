@@ -55,7 +55,7 @@ def request_device():
         if adapter is None:
             raise DeviceError("no WebGPU adapter found", hint=NO_ADAPTER_HINT)
         limits = {k: adapter.limits[k] for k in _LIMIT_KEYS if k in adapter.limits}
-        features = [f for f in ("timestamp-query",) if f in adapter.features]
+        features = [f for f in ("timestamp-query", "subgroup") if f in adapter.features]
         try:
             device = adapter.request_device_sync(required_limits=limits, required_features=features)
         except Exception as e:
@@ -65,9 +65,71 @@ def request_device():
 
 
 def adapter_limits() -> dict:
-    """The shared adapter's limits under snake_case names."""
+    """The shared adapter's limits under snake_case names, plus `subgroup_size` where the device
+    runs a workgroup of that many invocations as exactly one subgroup (see subgroup_size())."""
     adapter, _ = request_device()
-    return {k.replace("-", "_"): v for k, v in adapter.limits.items() if isinstance(v, int)}
+    out = {k.replace("-", "_"): v for k, v in adapter.limits.items() if isinstance(v, int)}
+    size = subgroup_size()
+    if size:
+        out["subgroup_size"] = size
+    return out
+
+
+_SUBGROUP_PROBE = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(WG)
+fn main(@builtin(subgroup_size) size: u32, @builtin(subgroup_invocation_id) sid: u32,
+        @builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  out[wid.x * WGu + li] = size * 65536u + sid * 256u + li;
+}
+"""
+_SUBGROUP_SIZE = None
+
+
+def subgroup_size() -> int:
+    """The subgroup size S for which a workgroup of S invocations is exactly one subgroup whose
+    invocation ids equal the local invocation indices (kernels that broadcast within a workgroup
+    rely on it), measured once by running a probe; 0 without the subgroups feature or if the
+    device does not behave so. Adapters report only a min..max range, hence the probe."""
+    global _SUBGROUP_SIZE
+    if _SUBGROUP_SIZE is not None:
+        return _SUBGROUP_SIZE
+    _SUBGROUP_SIZE = 0
+    _, device = request_device()
+    if "subgroup" not in device.features:
+        return 0
+    import numpy as np
+    w = _import_wgpu()
+
+    def run(wg: int, groups: int):
+        code = _SUBGROUP_PROBE.replace("WGu", f"{wg}u").replace("WG", str(wg))
+        pipe = device.create_compute_pipeline(layout="auto", compute={
+            "module": device.create_shader_module(code=code), "entry_point": "main"})
+        buf = device.create_buffer(size=4 * wg * groups, usage=w.BufferUsage.STORAGE | w.BufferUsage.COPY_SRC)
+        bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                      entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        enc = device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(groups)
+        cp.end()
+        device.queue.submit([enc.finish()])
+        got = np.frombuffer(device.queue.read_buffer(buf), np.uint32)
+        buf.destroy()
+        return got >> 16, (got >> 8) & 255, got & 255
+
+    try:
+        sizes, _, _ = run(64, 1)
+        size = int(sizes[0])
+        if size not in (4, 8, 16, 32, 64) or (sizes != size).any():
+            return 0
+        sizes, sids, lis = run(size, 8)
+        if (sizes == size).all() and (sids == lis).all():
+            _SUBGROUP_SIZE = size
+    except Exception:   # a driver without working subgroups: the kernels that need them are not used
+        _SUBGROUP_SIZE = 0
+    return _SUBGROUP_SIZE
 
 
 def adapter_info() -> dict:

@@ -51,9 +51,27 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return p
 
 
+def subgroup_matmuls(limits: dict) -> bool:
+    """CPU adapters whose workgroup of subgroup_size invocations is one subgroup get the
+    subgroup-broadcast matmul (kernels._matmul_subgroup)."""
+    return limits.get("device_class") == "cpu" and limits.get("subgroup_size", 0) in (4, 8, 16)
+
+
 def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
     inv = limits["max_compute_invocations_per_workgroup"]
     cpu = limits.get("device_class") == "cpu"
+    if isinstance(op, P.MatMul) and subgroup_matmuls(limits):
+        from .kernels import matmul_subgroup_ok
+        if matmul_subgroup_ok(op):
+            # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all
+            S = limits["subgroup_size"]
+            n4 = op.n // 4
+            rn = max(1, min(2, -(-n4 // S)))
+            rm = max(1, min(16, op.m))
+            groups = lambda: -(-n4 // (S * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
+            while groups() < 4 and rm > 1:
+                rm = max(1, rm // 2)
+            return KernelConfig((S, 1, 1), (rm, rn, 4 * S), 4, "subgroup-broadcast")
     if isinstance(op, P.MatMul) and cpu:
         # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
         # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
@@ -95,6 +113,9 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         cout_per_group = op.w_shape[0] // op.group
         cb = 4 if cout_per_group % 4 == 0 else (2 if cout_per_group % 2 == 0 else 1)
         return KernelConfig((min(64, inv), 1, 1), (cb,), 1, "direct")
+    if isinstance(op, (P.Softmax, P.LayerNorm)) and cpu:
+        # one row per invocation of a SIMD-wide workgroup: no barriers (a coroutine switch on lavapipe)
+        return KernelConfig((8, 1, 1), (), 1, "row-per-invocation")
     if isinstance(op, (P.Reduce, P.Softmax, P.LayerNorm)):
         return KernelConfig((_pow2_at_most(max(op.r, 1), min(64, inv)), 1, 1), (), 1, "workgroup-tree")
     if isinstance(op, P.Pool):

@@ -53,7 +53,7 @@ def _wrap_i32(v: int) -> int:
 class Expr:
     """A typed, immutable, hash-consed expression node.
 
-    op:    'const' | 'var' | 'load' | 'sload' | 'cast' | 'bitcast' | 'select' | 'fma'
+    op:    'const' | 'var' | 'load' | 'sload' | 'cast' | 'bitcast' | 'select' | 'fma' | 'sgbcast'
            | 'clamp' | a key of BINARY | a member of UNARY
     dtype: the scalar type of the value
     args:  child expressions
@@ -272,6 +272,16 @@ def splat(x: Expr) -> Expr:
 def lane(v: Expr, i: int) -> Expr:
     """Lane i (0..3) of a vec4f."""
     return _make("lane", "f32", (v,), "xyzw"[i])
+
+
+def subgroup_broadcast(v: Expr, lane_id: int) -> Expr:
+    """The value `v` of subgroup invocation `lane_id` (a constant), in every invocation.
+    Kernels using it need the subgroups feature and record the subgroup size they assume."""
+    return _make("sgbcast", v.dtype, (v,), int(lane_id))
+
+
+def uses_subgroups(kernel: "Kernel") -> bool:
+    return any(n.op == "sgbcast" for s in statements(kernel.body) for e in stmt_exprs(s) for n in walk(e))
 
 
 def vec4(a, b, c, d) -> Expr:

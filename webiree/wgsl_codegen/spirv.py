@@ -289,6 +289,9 @@ class _Emitter:
         m = self.m
         k = self.k
         m.ins(m.header, OpCapability, 1)  # Shader
+        if kir.uses_subgroups(k):
+            m.ins(m.header, OpCapability, 61)  # GroupNonUniform
+            m.ins(m.header, OpCapability, 64)  # GroupNonUniformBallot (OpGroupNonUniformBroadcast)
         self.glsl = m.id()
         main = m.id()
         # storage buffers
@@ -548,6 +551,8 @@ class _Emitter:
             return self.val(OpCompositeExtract, "f32", self.expr(a[0]), "xyzw".index(e.attr))
         if op == "vec4":
             return self.val(OpCompositeConstruct, "vec4f", *[self.expr(x) for x in a])
+        if op == "sgbcast":   # OpGroupNonUniformBroadcast, Subgroup scope (3)
+            return self.val(337, t, self.c(3, "u32"), self.expr(a[0]), self.c(e.attr, "u32"))
         if op == "select":
             cond = self.expr(a[0])
             if t == "vec4f":

@@ -134,6 +134,8 @@ class _Renderer:
             return f"vec4<f32>({self.expr(a[0], names)})"
         if op == "lane":
             return f"{self.expr(a[0], names)}.{e.attr}"
+        if op == "sgbcast":
+            return f"subgroupBroadcast({self.expr(a[0], names)}, {e.attr}u)"
         if op == "vec4":
             return f"vec4<f32>({', '.join(self.expr(x, names) for x in a)})"
         if op == "select":
