@@ -61,17 +61,19 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
     inv = limits["max_compute_invocations_per_workgroup"]
     cpu = limits.get("device_class") == "cpu"
     if isinstance(op, P.MatMul) and subgroup_matmuls(limits):
-        from .kernels import matmul_subgroup_ok
+        from .kernels import matmul_subgroup_ok, matmul_vec4_ok
         if matmul_subgroup_ok(op):
-            # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all
+            # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
+            # RM x RN slots of accumulators (128 floats either way) per invocation.
             S = limits["subgroup_size"]
-            n4 = op.n // 4
-            rn = max(1, min(2, -(-n4 // S)))
+            vec = 4 if matmul_vec4_ok(op) else 1
+            slots = op.n // vec
+            rn = max(1, min(2 if vec == 4 else 8, -(-slots // S)))
             rm = max(1, min(16, op.m))
-            groups = lambda: -(-n4 // (S * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
+            groups = lambda: -(-slots // (S * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
             while groups() < 4 and rm > 1:
                 rm = max(1, rm // 2)
-            return KernelConfig((S, 1, 1), (rm, rn, 4 * S), 4, "subgroup-broadcast")
+            return KernelConfig((S, 1, 1), (rm, rn, 4 * S), vec, "subgroup-broadcast")
     if isinstance(op, P.MatMul) and cpu:
         # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
         # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide

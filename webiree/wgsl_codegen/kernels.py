@@ -294,50 +294,54 @@ def _matmul_registers_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
 
 
 def matmul_subgroup_ok(op: P.MatMul) -> bool:
-    """A can be read as vec4 along K (row-major, K a multiple of 4) and B and C as vec4 rows."""
-    return matmul_vec4_ok(op) and not op.trans_a and op.k % 4 == 0 and op.a not in op.prologues
+    """A can be read as vec4 along K (row-major, K a multiple of 4); B is read as stored."""
+    return not op.trans_a and op.k % 4 == 0 and op.a not in op.prologues and not op.trans_b
 
 
 def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     """For CPU adapters whose workgroup of S invocations is one subgroup (lavapipe: S = 8, one SIMD
     register). There every storage load costs a scalar loop over the lanes, so each loaded value
-    must be useful: invocation x owns vec4 columns n0 + x + j*S (j < RN) of RM rows, and for each
-    row loads A[row, k0 + 4x .. 4x + 3], so one vec4 load per invocation brings 4*S values of K
-    that subgroupBroadcast hands to every invocation. Measured on 128x384x1536: 31 GFLOP/s vs 12.5
-    for the register-blocked kernel that loads the same A value in every invocation."""
+    must be useful: invocation x owns column slots n0 + x + j*S (j < RN; a slot is a vec4 of
+    columns when cfg.vector == 4, one column otherwise) of RM rows, and for each row loads
+    A[row, k0 + 4x .. 4x + 3]: one vec4 load per invocation brings 4*S values of K, which
+    subgroupBroadcast hands to every invocation. Measured on 128x384x1536: 31 GFLOP/s vs 12.5
+    for the register-blocked kernel, which loads the same A value in every invocation."""
     S = cfg.workgroup_size[0]
     rm, rn, kb = cfg.tile            # kb = 4 * S: the K values one A load per invocation covers
+    vec = cfg.vector
     M, N, K = op.m, op.n, op.k
-    N4, K4 = N // 4, K // 4
+    slots, K4 = N // vec, K // 4
+    acc_t = "vec4f" if vec == 4 else "f32"
     bz, a_off, b_off = _batch_offsets(op)
-    body = [Let("a_off4", a_off // 4), Let("b_off4", b_off // 4),
+    body = [Let("a_off4", a_off // 4), Let("b_offv", b_off // vec),
             Let("n0", kir.cast(kir.WID[0], "i32") * (S * rn) + lid()),
             Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
     n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
-    a_off4, b_off4 = lvar("a_off4", "i32"), lvar("b_off4", "i32")
+    a_off4, b_offv = lvar("a_off4", "i32"), lvar("b_offv", "i32")
     for i in range(rm):
         body.append(Let(f"ar{i}", a_off4 + kir.minimum(m0 + i, M - 1) * K4))
     for j in range(rn):
-        body.append(Let(f"nc{j}", kir.minimum(n0 + j * S, N4 - 1)))
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * S, slots - 1)))
         for i in range(rm):
-            body.append(Decl(f"acc{i}_{j}", "vec4f", kir.splat(f32(0.0))))
+            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if vec == 4 else f32(0.0)))
     ar = [lvar(f"ar{i}", "i32") for i in range(rm)]
     nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
+    load_b = b.load4 if vec == 4 else b.load
 
     def block(k0, a_col4, steps):
         """`steps` values of K from k0: one A load per row, then broadcast and multiply."""
         stmts = [Let(f"av{i}", b.load4(op.a, ar[i] + a_col4)) for i in range(rm)]
         for kk in range(steps):
             src, q = kk // 4, kk % 4
-            bv = [b.load4(op.b, b_off4 + (k0 + kk) * N4 + nc[j]) for j in range(rn)]
-            stmts += [Let(f"b{kk}_{j}", bv[j]) for j in range(rn)]
+            stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
             for i in range(rm):
                 if q == 0:
                     stmts.append(Let(f"s{i}_{src}", kir.subgroup_broadcast(lvar(f"av{i}", "vec4f"), src)))
-                a = kir.splat(kir.lane(lvar(f"s{i}_{src}", "vec4f"), q))
+                a = kir.lane(lvar(f"s{i}_{src}", "vec4f"), q)
+                a = kir.splat(a) if vec == 4 else a
                 for j in range(rn):
-                    acc = lvar(f"acc{i}_{j}", "vec4f")
-                    stmts.append(Assign(f"acc{i}_{j}", kir.fma(a, lvar(f"b{kk}_{j}", "vec4f"), acc)))
+                    acc = lvar(f"acc{i}_{j}", acc_t)
+                    stmts.append(Assign(f"acc{i}_{j}", kir.fma(a, lvar(f"b{kk}_{j}", acc_t), acc)))
         return stmts
     k0 = lvar("k0", "i32")
     main = K - K % kb
@@ -347,26 +351,26 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
         tail = K % kb
         body.append(kir.For("tail", i32(0), i32(1),
                             block(i32(main), main // 4 + kir.minimum(lid(), tail // 4 - 1), tail), unroll=True))
-    plain = op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
+    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
     out = b.name(op.out, vec=plain)
     for i in range(rm):
         for j in range(rn):
-            r, c4 = m0 + i, n0 + j * S
-            o = bz * (M * N) + r * N + c4 * 4
-            acc = lvar(f"acc{i}_{j}", "vec4f")
-            cond = kir.binary("and", r < M, c4 < N4)
+            r, c = m0 + i, n0 + j * S
+            o = bz * (M * N) + r * N + c * vec
+            acc = lvar(f"acc{i}_{j}", acc_t)
+            cond = kir.binary("and", r < M, c < slots)
             if plain:
                 body.append(If(cond, [Store(out, o // 4, acc)]))
                 continue
             stores = [Let(f"o{i}_{j}", o)]
             oo = lvar(f"o{i}_{j}", "i32")
-            for q in range(4):
-                v = kir.lane(acc, q)
+            for q in range(vec):
+                v = kir.lane(acc, q) if vec == 4 else acc
                 if op.alpha != 1.0:
                     v = v * op.alpha
                 stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
             body.append(If(cond, stores))
-    return body, [], (-(-N4 // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
+    return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
 def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):

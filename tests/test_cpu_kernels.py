@@ -1,0 +1,121 @@
+"""Kernels chosen for CPU adapters (lavapipe, SwiftShader) against onnxruntime.
+
+The default test builds use WebGPU's default limits (GPU kernels); these build with
+`device_class: cpu` and, where the adapter has them, subgroups: the subgroup-broadcast
+matmul (`kernels._matmul_subgroup`), the register-blocked matmul it falls back to, and the
+row-per-invocation softmax / layernorm. The CI adapter is lavapipe, whose subgroup size is 8.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import webiree
+from webiree.errors import LimitsError
+from webiree.hal_webgpu.interpreter import check_limits
+from webiree.hal_webgpu.wgpu_driver import subgroup_size
+from webiree.testing.models import make_model, sample_inputs
+
+from .conftest import assert_close, ort_run
+from .test_ops import single, vi
+
+F = TensorProto.FLOAT
+
+
+@pytest.fixture(scope="module")
+def cpu_limits():
+    size = subgroup_size()
+    assert size in (4, 8, 16), "the test adapter (lavapipe) should run workgroups of 8 as one subgroup"
+    return {"device_class": "cpu", "subgroup_size": size}
+
+
+def run_cpu(model, tmp_path, limits, feeds=None, targets=None):
+    feeds = feeds if feeds is not None else sample_inputs(model)
+    res = webiree.compile(model, tmp_path / "build", limits=limits, targets=targets)
+    got = webiree.InferenceSession(tmp_path / "build").run(None, feeds)
+    for g, r, o in zip(got, ort_run(model, feeds), model.graph.output):
+        assert_close(g, r, name=o.name)
+    return res, got
+
+
+def strategies(res):
+    return [d["config"]["strategy"] for d in res.module.info["dispatches"]]
+
+
+@pytest.mark.parametrize("sa,sb", [
+    ([128, 384], [384, 96]),       # K a multiple of 32: no tail
+    ([40, 96], [96, 4225]),        # N not a multiple of 4: one column per slot (a 65x65 pointwise conv)
+    ([5, 36], [36, 20]),           # tail of 4 values of K, one row
+    ([33, 72], [72, 12]),          # rows past a block, tail of 8
+    ([1, 64], [64, 1000]),         # one row (a classifier)
+    ([2, 3, 17, 40], [40, 24]),    # batch broadcast on B
+    ([3, 17, 8], [3, 8, 36]),      # batched, K below one block
+])
+def test_subgroup_matmul(sa, sb, tmp_path, cpu_limits):
+    out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
+    res, _ = run_cpu(single("MatMul", [sa, sb], out), tmp_path, cpu_limits)
+    assert strategies(res) == ["subgroup-broadcast"]
+    assert res.module.limits["subgroup_size"] == cpu_limits["subgroup_size"]
+
+
+def test_subgroup_matmul_epilogue_alpha_and_prologue(tmp_path, cpu_limits):
+    """Gemm alpha/beta/bias as the epilogue; an elementwise producer of A stays its own dispatch."""
+    rng = np.random.default_rng(4)
+    m = make_model([helper.make_node("Relu", ["a"], ["ar"]),
+                    helper.make_node("Gemm", ["ar", "b", "c"], ["g"], alpha=0.7, beta=1.3),
+                    helper.make_node("Tanh", ["g"], ["y"])],
+                   [vi("a", [19, 44])], [vi("y", [19, 28])],
+                   {"b": rng.standard_normal([44, 28]).astype(np.float32),
+                    "c": rng.standard_normal([28]).astype(np.float32)})
+    res, _ = run_cpu(m, tmp_path, cpu_limits)
+    assert strategies(res) == ["elementwise", "subgroup-broadcast"]
+
+
+@pytest.mark.parametrize("sa,sb,tb", [([9, 30], [30, 16], 0),    # K not a multiple of 4
+                                      ([9, 32], [16, 32], 1)])   # B transposed
+def test_matmuls_the_subgroup_kernel_cannot_take(sa, sb, tb, tmp_path, cpu_limits):
+    rng = np.random.default_rng(5)
+    n = sb[0] if tb else sb[1]
+    m = make_model([helper.make_node("Gemm", ["a", "b"], ["y"], transB=tb)], [vi("a", sa)], [vi("y", [sa[0], n])],
+                   {"b": rng.standard_normal(sb).astype(np.float32)})
+    res, _ = run_cpu(m, tmp_path, cpu_limits)
+    assert strategies(res) == ["register-blocked"]
+    assert "subgroup_size" not in res.module.limits    # recorded only where a kernel relies on it
+
+
+@pytest.mark.parametrize("shape,axis", [([12, 128], -1), ([2, 5, 7], 1), ([3, 300], 1)])
+def test_row_per_invocation_softmax(shape, axis, tmp_path, cpu_limits):
+    x = (np.random.default_rng(6).standard_normal(shape) * 30).astype(np.float32)
+    res, _ = run_cpu(single("Softmax", [shape], shape, {"axis": axis}), tmp_path, cpu_limits, {"x0": x})
+    assert strategies(res) == ["row-per-invocation"]
+
+
+def test_row_per_invocation_layernorm(tmp_path, cpu_limits):
+    rng = np.random.default_rng(7)
+    m = make_model([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1, epsilon=1e-5)],
+                   [vi("x", [13, 384])], [vi("y", [13, 384])],
+                   {"s": rng.standard_normal([384]).astype(np.float32),
+                    "b": rng.standard_normal([384]).astype(np.float32)})
+    res, _ = run_cpu(m, tmp_path, cpu_limits)
+    assert strategies(res) == ["row-per-invocation"]
+
+
+def test_subgroup_kernels_from_spirv(tmp_path, cpu_limits):
+    """The same kernel IR as SPIR-V (OpGroupNonUniformBroadcast; spirv-val runs at build)."""
+    m = single("MatMul", [[33, 72], [72, 12]], [33, 12])
+    feeds = sample_inputs(m)
+    _, spv = run_cpu(m, tmp_path / "spv", cpu_limits, feeds, targets="spirv")
+    _, wgsl = run_cpu(m, tmp_path / "wgsl", cpu_limits, feeds)
+    np.testing.assert_array_equal(spv[0], wgsl[0])
+
+
+def test_subgroup_size_is_checked_at_load():
+    needed = {"subgroup_size": 8}
+    check_limits(needed, {"subgroup_size": 8})
+    with pytest.raises(LimitsError, match="subgroups of 8 .* has no usable subgroups"):
+        check_limits(needed, {})
+    with pytest.raises(LimitsError, match="runs subgroups of 4") as e:
+        check_limits(needed, {"subgroup_size": 4})
+    assert "--limits adapter" in e.value.hint
