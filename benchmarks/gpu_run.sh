@@ -12,10 +12,17 @@ if ! python3 -c "import wgpu; a = wgpu.gpu.request_adapter_sync(); print(a.info[
 fi
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/seed "$OUT"
+# STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch
+STAGES=${STAGES:-variants models torch}
+if [[ $STAGES == *variants* ]]; then
+  python3 benchmarks/matmul_variants.py ${SHAPES:-} --runs 10 2>&1 | tee "$OUT/matmul_variants.txt"
+fi
+[[ $STAGES == *models* || $STAGES == *torch* ]] || exit 0
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
 python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
 for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do
+  [[ $STAGES == *models* ]] || break
   python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing"
 done
-python3 -m webiree.cli bench /tmp/seed/matmul4096.onnx --runs 10 --json "$OUT/matmul4096.json"
-python3 benchmarks/torch_reference.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/torch.json" ${MODELS:+--only $MODELS}
+[[ $STAGES == *models* ]] && python3 -m webiree.cli bench /tmp/seed/matmul4096.onnx --runs 10 --json "$OUT/matmul4096.json"
+[[ $STAGES == *torch* ]] && python3 benchmarks/torch_reference.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/torch.json" ${MODELS:+--only $MODELS}

@@ -91,6 +91,19 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         while groups() < 4 and rm > 1:
             rm = max(1, rm // 2)
         return KernelConfig((wx, 1, 1), (rm, rn, 4 if op.k >= 4 else 1), vec, "register-blocked")
+    if isinstance(op, P.MatMul) and not cpu:
+        from .kernels import matmul_subgroup_ok, matmul_vec4_ok
+        if matmul_vec4_ok(op) and matmul_subgroup_ok(op) and inv >= 256 and \
+                limits["max_compute_workgroup_size_x"] >= 16 and limits["max_compute_workgroup_size_y"] >= 16:
+            # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
+            # block that still offers the GPU enough workgroups
+            batch = max(1, P.numel(op.batch))
+            n4 = op.n // 4
+            for rm, rn in ((8, 2), (4, 2), (4, 1), (2, 1), (1, 1)):
+                if -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch >= GPU_FILL_WORKGROUPS:
+                    break
+            if 4 * 8 * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]:
+                return KernelConfig((16, 16, 1), (rm, rn, 8), 4, "tiled-shared-vec4")
     if isinstance(op, P.MatMul):
         # 16x16 threads, each an RM x RN register block, K in steps of TK. The block is the
         # largest that still gives the GPU enough workgroups to fill it (a small product such

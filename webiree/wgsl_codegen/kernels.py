@@ -166,6 +166,8 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
         raise LimitsError(f"MatMul batch {numel(op.batch)} exceeds the workgroups per dimension limit")
     if cfg.strategy == "subgroup-broadcast":
         return _matmul_subgroup(op, prog, cfg, limits, b)
+    if cfg.strategy == "tiled-shared-vec4":
+        return _matmul_shared_vec4(op, prog, cfg, limits, b)
     if cfg.strategy == "register-blocked":
         if cfg.vector == 4:
             return _matmul_registers_vec4(op, prog, cfg, limits, b)
@@ -371,6 +373,88 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
                 stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
             body.append(If(cond, stores))
     return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """GPUs, A and B both readable as vec4 (matmul_vec4_ok and matmul_subgroup_ok): a
+    (16*RM) x (16*4*RN) output tile per workgroup of 16x16 invocations, K in steps of 8.
+    Each step every invocation copies (about) one vec4 of A and one of B into workgroup
+    memory, where A keeps its [row][k] layout (a vec4 holds 4 values of K) and B its
+    [k][column] layout; invocation (x, y) then owns rows y*RM .. y*RM+RM-1 and the vec4
+    columns x + 16j (j < RN), reading RM + 4*RN vec4s of workgroup memory per 4 values of K
+    for 16*RM*RN multiply-adds."""
+    wx, wy, _ = cfg.workgroup_size
+    rm, rn, bk = cfg.tile
+    M, N, K = op.m, op.n, op.k
+    N4, K4, BK4 = N // 4, K // 4, bk // 4
+    tm, tn4 = wy * rm, wx * rn
+    nthreads = wx * wy
+    bz, a_off_e, b_off_e = _batch_offsets(op)
+    tx, ty, li = lid(0), lid(1), kir.cast(kir.LINDEX, "i32")
+    body = [Let("a_off4", a_off_e // 4), Let("b_off4", b_off_e // 4),
+            Let("m0", kir.cast(kir.WID[1], "i32") * tm), Let("n04", kir.cast(kir.WID[0], "i32") * tn4)]
+    a_off4, b_off4 = lvar("a_off4", "i32"), lvar("b_off4", "i32")
+    m0, n04, k0 = lvar("m0", "i32"), lvar("n04", "i32"), lvar("k0", "i32")
+    for i in range(rm):
+        for j in range(rn):
+            body.append(Decl(f"acc{i}_{j}", "vec4f", kir.splat(f32(0.0))))
+    zero4 = kir.splat(f32(0.0))
+
+    def copy(shared, total, value_at):
+        """shared[idx] = value_at(idx) for idx < total, spread over the invocations."""
+        out = []
+        for step in range(-(-total // nthreads)):
+            idx = li + step * nthreads
+            st = [Let(f"{shared}v{step}", value_at(idx)), SStore(shared, idx, lvar(f"{shared}v{step}", "vec4f"))]
+            out += st if (step + 1) * nthreads <= total else [If(idx < total, st)]
+        return out
+
+    def a_at(idx):   # row idx / BK4 of the tile, vec4 idx % BK4 of the K step
+        r, c = idx // BK4, idx % BK4
+        k4 = k0 // 4 + c
+        v = b.load4(op.a, a_off4 + kir.minimum(m0 + r, M - 1) * K4 + kir.minimum(k4, K4 - 1))
+        return select(k4 < K4, v, zero4) if K % bk else v
+
+    def b_at(idx):   # row (k) idx / tn4 of the step, vec4 column idx % tn4 of the tile
+        kk, c = idx // tn4, idx % tn4
+        v = b.load4(op.b, b_off4 + kir.minimum(k0 + kk, K - 1) * N4 + kir.minimum(n04 + c, N4 - 1))
+        return select(k0 + kk < K, v, zero4) if K % bk else v
+
+    inner = copy("As", tm * BK4, a_at) + copy("Bs", bk * tn4, b_at) + [Barrier()]
+    for kk4 in range(BK4):
+        for i in range(rm):
+            inner.append(Let(f"a{kk4}_{i}", kir.sload("As", (ty * rm + i) * BK4 + kk4, "vec4f")))
+        for q in range(4):
+            for j in range(rn):
+                inner.append(Let(f"b{kk4}_{q}_{j}", kir.sload("Bs", (kk4 * 4 + q) * tn4 + tx + j * wx, "vec4f")))
+            for i in range(rm):
+                a = kir.splat(kir.lane(lvar(f"a{kk4}_{i}", "vec4f"), q))
+                for j in range(rn):
+                    acc = lvar(f"acc{i}_{j}", "vec4f")
+                    inner.append(Assign(f"acc{i}_{j}", kir.fma(a, lvar(f"b{kk4}_{q}_{j}", "vec4f"), acc)))
+    inner.append(Barrier())
+    body.append(For("k0", i32(0), i32(K), inner, step=bk))
+    plain = op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
+    out = b.name(op.out, vec=plain)
+    for i in range(rm):
+        for j in range(rn):
+            r, c4 = m0 + ty * rm + i, n04 + tx + j * wx
+            o = bz * (M * N) + r * N + c4 * 4
+            acc = lvar(f"acc{i}_{j}", "vec4f")
+            cond = kir.binary("and", r < M, c4 < N4)
+            if plain:
+                body.append(If(cond, [Store(out, o // 4, acc)]))
+                continue
+            stores = [Let(f"o{i}_{j}", o)]
+            oo = lvar(f"o{i}_{j}", "i32")
+            for q in range(4):
+                v = kir.lane(acc, q)
+                if op.alpha != 1.0:
+                    v = v * op.alpha
+                stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
+            body.append(If(cond, stores))
+    shared = [kir.SharedArray("As", "vec4f", tm * BK4), kir.SharedArray("Bs", "vec4f", bk * tn4)]
+    return body, shared, (-(-N4 // tn4), -(-M // tm), max(numel(op.batch), 1))
 
 
 def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):

@@ -1,9 +1,11 @@
-"""Kernels chosen for CPU adapters (lavapipe, SwiftShader) against onnxruntime.
+"""Every kernel variant the config can choose, against onnxruntime.
 
-The default test builds use WebGPU's default limits (GPU kernels); these build with
-`device_class: cpu` and, where the adapter has them, subgroups: the subgroup-broadcast
-matmul (`kernels._matmul_subgroup`), the register-blocked matmul it falls back to, and the
-row-per-invocation softmax / layernorm. The CI adapter is lavapipe, whose subgroup size is 8.
+GPU variants come from WebGPU's default limits: the vec4 workgroup-memory matmul
+(`kernels._matmul_shared_vec4`) and the scalar one it falls back to. CPU variants come
+from `device_class: cpu` plus, where the adapter has them, subgroups: the
+subgroup-broadcast matmul (`kernels._matmul_subgroup`), the register-blocked matmul it
+falls back to, and the row-per-invocation softmax / layernorm. The CI adapter is lavapipe,
+whose subgroup size is 8.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def cpu_limits():
 
 
 def run_cpu(model, tmp_path, limits, feeds=None, targets=None):
+    """Build with `limits`, run natively, compare with onnxruntime."""
     feeds = feeds if feeds is not None else sample_inputs(model)
     res = webiree.compile(model, tmp_path / "build", limits=limits, targets=targets)
     got = webiree.InferenceSession(tmp_path / "build").run(None, feeds)
@@ -119,3 +122,29 @@ def test_subgroup_size_is_checked_at_load():
     with pytest.raises(LimitsError, match="runs subgroups of 4") as e:
         check_limits(needed, {"subgroup_size": 4})
     assert "--limits adapter" in e.value.hint
+
+
+@pytest.mark.parametrize("sa,sb", [
+    ([300, 64], [64, 136]),        # several tiles, rows and columns past the last one
+    ([7, 36], [36, 20]),           # K not a multiple of the K step of 8: the step is zero-filled
+    ([2, 3, 40, 24], [24, 16]),    # batch broadcast on B
+    ([3, 17, 8], [3, 8, 36]),      # batched, one K step
+])
+def test_vec4_tiled_matmul(sa, sb, check):
+    out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
+    res = check(single("MatMul", [sa, sb], out))
+    assert strategies(res) == ["tiled-shared-vec4"]
+
+
+def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):
+    rng = np.random.default_rng(8)
+    m = make_model([helper.make_node("Gemm", ["a", "b", "c"], ["g"], alpha=0.7, beta=1.3),
+                    helper.make_node("Tanh", ["g"], ["y"])],
+                   [vi("a", [19, 44])], [vi("y", [19, 28])],
+                   {"b": rng.standard_normal([44, 28]).astype(np.float32),
+                    "c": rng.standard_normal([28]).astype(np.float32)})
+    feeds = sample_inputs(m)
+    res, wgsl = run_cpu(m, tmp_path / "wgsl", "default", feeds)
+    assert strategies(res) == ["tiled-shared-vec4"]
+    _, spv = run_cpu(m, tmp_path / "spv", "default", feeds, targets="spirv")
+    np.testing.assert_array_equal(spv[0], wgsl[0])

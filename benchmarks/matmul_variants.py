@@ -1,0 +1,113 @@
+"""Time every matmul kernel variant the config can choose, on this machine's adapter.
+
+    python benchmarks/matmul_variants.py [M,K,N ...] [--runs 20]
+
+For each problem shape it builds a one-MatMul model once per candidate KernelConfig
+(overriding `config.choose`), checks the result against numpy, and prints the median GPU
+time (timestamp queries where the adapter has them, else host time) and GFLOP/s, the
+heuristic's own choice marked with '*'. This is the measurement a tuning table is made from.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
+import webiree  # noqa: E402
+from webiree.compiler import program as P  # noqa: E402
+from webiree.wgsl_codegen import config as C  # noqa: E402
+from webiree.testing.models import make_model  # noqa: E402
+
+
+def candidates(limits: dict):
+    if limits.get("device_class") == "cpu":
+        S = limits.get("subgroup_size")
+        for rm, rn in ((16, 2), (8, 2), (16, 1), (8, 4)):
+            if S:
+                yield C.KernelConfig((S, 1, 1), (rm, rn, 4 * S), 4, "subgroup-broadcast")
+        for rm, rn in ((4, 12), (8, 6), (16, 3)):
+            yield C.KernelConfig((8, 1, 1), (rm, rn, 4), 4, "register-blocked")
+        return
+    for rm, rn, bk in ((8, 2, 8), (8, 2, 16), (4, 2, 8), (4, 1, 8), (2, 1, 8), (1, 1, 8)):
+        yield C.KernelConfig((16, 16, 1), (rm, rn, bk), 4, "tiled-shared-vec4")
+    for r in (8, 4, 2, 1):
+        yield C.KernelConfig((16, 16, 1), (r, r, 8 if r * r >= 64 else 16), 1, "tiled-shared")
+
+
+def fits(cfg: C.KernelConfig, limits: dict) -> bool:
+    if cfg.strategy == "tiled-shared-vec4":
+        rm, rn, bk = cfg.tile
+        return 4 * bk * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]
+    if cfg.strategy == "tiled-shared":
+        r, _, tk = cfg.tile
+        return 4 * tk * 32 * r <= limits["max_compute_workgroup_storage_size"]
+    return True
+
+
+def time_config(m, k, n, cfg, limits, runs, tmp):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
+                       [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], {"w": w}, name="mm")
+    original = C.choose
+    chosen = original
+    if cfg is not None:
+        C.choose = lambda op, prog, lim: cfg if isinstance(op, P.MatMul) else original(op, prog, lim)  # noqa: E731
+    try:
+        res = webiree.compile(model, tmp, limits=limits)
+    finally:
+        C.choose = chosen
+    sess = webiree.InferenceSession(tmp)
+    y = sess.run(None, {"a": a})[0]
+    ref = a.astype(np.float64) @ w
+    err = float(np.abs(y - ref).max() / np.abs(ref).max())
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, {"a": a}, profile=True)
+        host = time.perf_counter() - t0
+        prof = sess.last_profile
+        times.append(prof[0] / 1e9 if prof else host)
+    used = res.module.info["dispatches"][0]["config"]
+    return float(np.median(times)), err, used
+
+
+def main(argv):
+    runs = 20
+    if "--runs" in argv:
+        i = argv.index("--runs")
+        runs = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+    shapes = [tuple(int(x) for x in s.split(",")) for s in argv] or [(4096, 4096, 4096), (128, 512, 128),
+                                                                       (128, 384, 1536), (3136, 144, 24)]
+    from webiree.compiler.driver import resolve_limits
+    limits = resolve_limits("adapter")
+    print(f"adapter class {limits.get('device_class')}, subgroup size {limits.get('subgroup_size', 0)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for m, k, n in shapes:
+            flops = 2.0 * m * k * n
+            _, _, heuristic = time_config(m, k, n, None, limits, 1, Path(tmp) / "h")
+            print(f"M={m} K={k} N={n}: heuristic {heuristic['strategy']} {heuristic['tile']}")
+            for cfg in candidates(limits):
+                if not fits(cfg, limits):
+                    continue
+                try:
+                    t, err, used = time_config(m, k, n, cfg, limits, runs, Path(tmp) / "b")
+                except Exception as e:  # noqa: BLE001  (a variant that does not apply is reported)
+                    print(f"    {cfg.strategy:20s} {str(cfg.tile):12s} not built: {str(e).splitlines()[0][:100]}")
+                    continue
+                mark = "*" if (used["strategy"], list(used["tile"])) == (heuristic["strategy"], list(heuristic["tile"])) else " "
+                ok = "ok" if err < 1e-4 else f"WRONG {err:.1e}"
+                print(f"  {mark} {cfg.strategy:20s} {str(cfg.tile):12s} {t * 1e3:9.3f} ms {flops / t / 1e9:9.1f} GFLOP/s {ok}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
