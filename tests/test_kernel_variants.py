@@ -125,10 +125,10 @@ def test_subgroup_size_is_checked_at_load():
 
 
 @pytest.mark.parametrize("sa,sb", [
-    ([300, 64], [64, 136]),        # several tiles, rows and columns past the last one
-    ([7, 36], [36, 20]),           # K not a multiple of the K step of 8: the step is zero-filled
-    ([2, 3, 40, 24], [24, 16]),    # batch broadcast on B
-    ([3, 17, 8], [3, 8, 36]),      # batched, one K step
+    ([1000, 64], [64, 520]),       # many tiles, rows and columns past the last one
+    ([1000, 36], [36, 264]),       # K not a multiple of the K step: the last step is zero-filled
+    ([2, 3, 200, 24], [24, 256]),  # batch broadcast on B
+    ([24, 70, 8], [24, 8, 128]),   # batched, one K step
 ])
 def test_vec4_tiled_matmul(sa, sb, check):
     out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
@@ -136,13 +136,18 @@ def test_vec4_tiled_matmul(sa, sb, check):
     assert strategies(res) == ["tiled-shared-vec4"]
 
 
+def test_small_gpu_matmul_takes_the_scalar_tiles(check):
+    """Too few vec4 tiles to fill a GPU: the scalar kernel's smaller tiles make more workgroups."""
+    assert strategies(check(single("MatMul", [[128, 512], [512, 128]], [128, 128]))) == ["tiled-shared"]
+
+
 def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):
     rng = np.random.default_rng(8)
     m = make_model([helper.make_node("Gemm", ["a", "b", "c"], ["g"], alpha=0.7, beta=1.3),
                     helper.make_node("Tanh", ["g"], ["y"])],
-                   [vi("a", [19, 44])], [vi("y", [19, 28])],
-                   {"b": rng.standard_normal([44, 28]).astype(np.float32),
-                    "c": rng.standard_normal([28]).astype(np.float32)})
+                   [vi("a", [640, 44])], [vi("y", [640, 200])],
+                   {"b": rng.standard_normal([44, 200]).astype(np.float32),
+                    "c": rng.standard_normal([200]).astype(np.float32)})
     feeds = sample_inputs(m)
     res, wgsl = run_cpu(m, tmp_path / "wgsl", "default", feeds)
     assert strategies(res) == ["tiled-shared-vec4"]

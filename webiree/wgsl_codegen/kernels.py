@@ -400,27 +400,37 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
             body.append(Decl(f"acc{i}_{j}", "vec4f", kir.splat(f32(0.0))))
     zero4 = kir.splat(f32(0.0))
 
-    def copy(shared, total, value_at):
-        """shared[idx] = value_at(idx) for idx < total, spread over the invocations."""
+    def copies(shared, total, value_at):
+        """[(register, value_at(idx), idx, guard)] spreading shared[idx] = value_at(idx) for
+        idx < total over the invocations; guard is None where every invocation takes part."""
         out = []
         for step in range(-(-total // nthreads)):
             idx = li + step * nthreads
-            st = [Let(f"{shared}v{step}", value_at(idx)), SStore(shared, idx, lvar(f"{shared}v{step}", "vec4f"))]
-            out += st if (step + 1) * nthreads <= total else [If(idx < total, st)]
+            out.append((f"p{shared}{step}", value_at, idx, None if (step + 1) * nthreads <= total else idx < total))
         return out
 
-    def a_at(idx):   # row idx / BK4 of the tile, vec4 idx % BK4 of the K step
+    def a_at(idx, k0):   # row idx / BK4 of the tile, vec4 idx % BK4 of the K step
         r, c = idx // BK4, idx % BK4
         k4 = k0 // 4 + c
         v = b.load4(op.a, a_off4 + kir.minimum(m0 + r, M - 1) * K4 + kir.minimum(k4, K4 - 1))
-        return select(k4 < K4, v, zero4) if K % bk else v
+        return select(k4 < K4, v, zero4)
 
-    def b_at(idx):   # row (k) idx / tn4 of the step, vec4 column idx % tn4 of the tile
+    def b_at(idx, k0):   # row (k) idx / tn4 of the step, vec4 column idx % tn4 of the tile
         kk, c = idx // tn4, idx % tn4
         v = b.load4(op.b, b_off4 + kir.minimum(k0 + kk, K - 1) * N4 + kir.minimum(n04 + c, N4 - 1))
-        return select(k0 + kk < K, v, zero4) if K % bk else v
+        return select(k0 + kk < K, v, zero4)
 
-    inner = copy("As", tm * BK4, a_at) + copy("Bs", bk * tn4, b_at) + [Barrier()]
+    # The next K step's values are loaded into registers while this step computes (prefetch),
+    # so the global-memory latency hides behind the multiply-adds.
+    regs = [("As", *c) for c in copies("As", tm * BK4, a_at)] + [("Bs", *c) for c in copies("Bs", bk * tn4, b_at)]
+    for _, reg, value_at, idx, guard in regs:
+        body.append(Decl(reg, "vec4f", value_at(idx, i32(0))))
+    inner = []
+    for shared, reg, _, idx, guard in regs:
+        st = SStore(shared, idx, lvar(reg, "vec4f"))
+        inner.append(st if guard is None else If(guard, [st]))
+    inner.append(Barrier())
+    inner += [Assign(reg, value_at(idx, k0 + bk)) for _, reg, value_at, idx, _ in regs]
     for kk4 in range(BK4):
         for i in range(rm):
             inner.append(Let(f"a{kk4}_{i}", kir.sload("As", (ty * rm + i) * BK4 + kk4, "vec4f")))
