@@ -126,9 +126,9 @@ def test_subgroup_size_is_checked_at_load():
 
 @pytest.mark.parametrize("sa,sb", [
     ([1000, 64], [64, 520]),       # many tiles, rows and columns past the last one
-    ([7, 36], [36, 20]),           # K not a multiple of the K step: the last step is zero-filled
+    ([1000, 36], [36, 264]),       # K not a multiple of the K step: the last step is zero-filled
     ([2, 3, 200, 24], [24, 256]),  # batch broadcast on B
-    ([3, 17, 8], [3, 8, 36]),      # batched, one K step
+    ([24, 70, 8], [24, 8, 128]),   # batched, one K step
 ])
 def test_vec4_tiled_matmul(sa, sb, check):
     out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
@@ -136,9 +136,9 @@ def test_vec4_tiled_matmul(sa, sb, check):
     assert strategies(res) == ["tiled-shared-vec4"]
 
 
-def test_gpu_matmul_the_vec4_kernel_cannot_take(check):
-    """N not a multiple of 4: the scalar workgroup-memory kernel."""
-    assert strategies(check(single("MatMul", [[70, 33], [33, 65]], [70, 65]))) == ["tiled-shared"]
+def test_small_gpu_matmul_takes_the_scalar_tiles(check):
+    """Too few vec4 tiles to fill a GPU: the scalar kernel's smaller tiles make more workgroups."""
+    assert strategies(check(single("MatMul", [[128, 512], [512, 128]], [128, 128]))) == ["tiled-shared"]
 
 
 def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):

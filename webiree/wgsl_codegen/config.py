@@ -96,16 +96,20 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         if matmul_vec4_ok(op) and matmul_subgroup_ok(op) and inv >= 256 and \
                 limits["max_compute_workgroup_size_x"] >= 16 and limits["max_compute_workgroup_size_y"] >= 16:
             # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
-            # block that still offers the GPU enough workgroups; K steps of 8 (16 measured no
-            # faster on the H200). Measured there with benchmarks/matmul_variants.py, against the
-            # scalar kernel's best block: 4096^3 6.0 vs 3.1 TFLOP/s, 128x512x128 0.034 vs 0.116 ms.
+            # block that still offers the GPU enough workgroups, K steps of 16 where they fit.
+            # A product too small to fill the GPU even with 1 x 1 blocks (BERT's 128 x 512 x 128)
+            # takes the scalar kernel below, whose 16 x 16 tiles make 4x more workgroups: on the
+            # H200 MobileBERT ran 11.1 ms so and 14.7 ms with vec4 tiles everywhere, although
+            # one-dispatch timings (benchmarks/matmul_variants.py) favour the vec4 kernel there.
             batch = max(1, P.numel(op.batch))
             n4 = op.n // 4
             groups = lambda rm, rn: -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch  # noqa: E731
-            rm, rn = next(((rm, rn) for rm, rn in ((8, 2), (4, 2), (4, 1), (2, 1))
-                           if groups(rm, rn) >= GPU_FILL_WORKGROUPS), (1, 1))
-            if 4 * 8 * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]:
-                return KernelConfig((16, 16, 1), (rm, rn, 8), 4, "tiled-shared-vec4")
+            if groups(1, 1) >= GPU_FILL_WORKGROUPS // 2:
+                rm, rn = next(((rm, rn) for rm, rn in ((8, 2), (4, 2), (4, 1), (2, 1))
+                               if groups(rm, rn) >= GPU_FILL_WORKGROUPS), (1, 1))
+                for bk in (16, 8):
+                    if 4 * bk * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]:
+                        return KernelConfig((16, 16, 1), (rm, rn, bk), 4, "tiled-shared-vec4")
     if isinstance(op, P.MatMul):
         # 16x16 threads, each an RM x RN register block, K in steps of TK. The block is the
         # largest that still gives the GPU enough workgroups to fill it (a small product such
