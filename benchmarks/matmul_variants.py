@@ -1,11 +1,15 @@
 """Time every matmul kernel variant the config can choose, on this machine's adapter.
 
-    python benchmarks/matmul_variants.py [M,K,N ...] [--runs 20]
+    python benchmarks/matmul_variants.py [M,K,N ...] [--runs 20] [--chain R] [--limits default]
 
 For each problem shape it builds a one-MatMul model once per candidate KernelConfig
 (overriding `config.choose`), checks the result against numpy, and prints the median GPU
 time (timestamp queries where the adapter has them, else host time) and GFLOP/s, the
 heuristic's own choice marked with '*'. This is the measurement a tuning table is made from.
+
+One dispatch timed alone (its own pass between timestamps) can mislead for small products,
+whose time is mostly latency. `--chain R` times instead a model of R pairs of products,
+[M,K] x [K,N] then [M,N] x [N,K] (a transformer's FFN), as one submit, host time per pair.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ def candidates(limits: dict):
         for rm, rn in ((4, 12), (8, 6), (16, 3)):
             yield C.KernelConfig((8, 1, 1), (rm, rn, 4), 4, "register-blocked")
         return
-    for rm, rn, bk in ((8, 2, 8), (8, 2, 16), (4, 2, 8), (4, 1, 8), (2, 1, 8), (1, 1, 8)):
+    for rm, rn, bk in ((8, 2, 8), (8, 2, 16), (4, 2, 8), (4, 1, 8), (2, 1, 8), (1, 1, 8), (1, 1, 16), (1, 1, 32)):
         yield C.KernelConfig((16, 16, 1), (rm, rn, bk), 4, "tiled-shared-vec4")
-    for r in (8, 4, 2, 1):
-        yield C.KernelConfig((16, 16, 1), (r, r, 8 if r * r >= 64 else 16), 1, "tiled-shared")
+    for r, tk in ((8, 8), (4, 16), (2, 16), (1, 16)):
+        yield C.KernelConfig((16, 16, 1), (r, r, tk), 1, "tiled-shared")
+    for wg, tk in (((8, 8, 4), 16), ((8, 8, 4), 8), ((16, 16, 1), 16), ((16, 8, 2), 16), ((8, 4, 8), 8)):
+        yield C.KernelConfig(wg, (1, 1, tk), 1, "split-k")
 
 
 def fits(cfg: C.KernelConfig, limits: dict) -> bool:
@@ -47,16 +53,29 @@ def fits(cfg: C.KernelConfig, limits: dict) -> bool:
     if cfg.strategy == "tiled-shared":
         r, _, tk = cfg.tile
         return 4 * tk * 32 * r <= limits["max_compute_workgroup_storage_size"]
+    if cfg.strategy == "split-k":
+        wx, wy, ks = cfg.workgroup_size
+        return 4 * ks * (cfg.tile[2] * (wx + wy) + wx * wy) <= limits["max_compute_workgroup_storage_size"]
     return True
 
 
-def time_config(m, k, n, cfg, limits, runs, tmp):
+def time_config(m, k, n, cfg, limits, runs, tmp, chain=0):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
-                       [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], {"w": w}, name="mm")
+    if chain:
+        w2 = (rng.standard_normal((n, k)) / np.sqrt(n)).astype(np.float32)
+        nodes, x = [], "a"
+        for i in range(chain):
+            nodes += [helper.make_node("MatMul", [x, "w"], [f"h{i}"]), helper.make_node("MatMul", [f"h{i}", "w2"], [f"x{i}"])]
+            x = f"x{i}"
+        nodes.append(helper.make_node("Identity", [x], ["y"]))
+        model = make_model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, k])], {"w": w, "w2": w2}, name="mm")
+    else:
+        model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
+                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], {"w": w}, name="mm")
     original = C.choose
     chosen = original
     if cfg is not None:
@@ -67,9 +86,21 @@ def time_config(m, k, n, cfg, limits, runs, tmp):
         C.choose = chosen
     sess = webiree.InferenceSession(tmp)
     y = sess.run(None, {"a": a})[0]
-    ref = a.astype(np.float64) @ w
+    ref = a.astype(np.float64)
+    for _ in range(max(chain, 1)):
+        ref = ref @ w
+        if chain:
+            ref = ref @ w2
     err = float(np.abs(y - ref).max() / np.abs(ref).max())
     times = []
+    if chain:
+        for _ in range(3):
+            sess.run(None, {"a": a})
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            sess.run(None, {"a": a})
+            times.append((time.perf_counter() - t0) / chain)
+        return float(np.median(times)), err, res.module.info["dispatches"][0]["config"]
     for _ in range(runs):
         t0 = time.perf_counter()
         sess.run(None, {"a": a}, profile=True)
@@ -81,32 +112,43 @@ def time_config(m, k, n, cfg, limits, runs, tmp):
 
 
 def main(argv):
-    runs = 20
+    runs, chain = 20, 0
     if "--runs" in argv:
         i = argv.index("--runs")
         runs = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
+    which = "adapter"
+    if "--limits" in argv:       # 'default' tries the GPU variants on any adapter (a correctness check)
+        i = argv.index("--limits")
+        which = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    if "--chain" in argv:
+        i = argv.index("--chain")
+        chain = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
     shapes = [tuple(int(x) for x in s.split(",")) for s in argv] or [(4096, 4096, 4096), (128, 512, 128),
                                                                        (128, 384, 1536), (3136, 144, 24)]
     from webiree.compiler.driver import resolve_limits
-    limits = resolve_limits("adapter")
+    limits = resolve_limits(which)
     print(f"adapter class {limits.get('device_class')}, subgroup size {limits.get('subgroup_size', 0)}")
     with tempfile.TemporaryDirectory() as tmp:
         for m, k, n in shapes:
-            flops = 2.0 * m * k * n
+            flops = 2.0 * m * k * n * (2 if chain else 1)
             _, _, heuristic = time_config(m, k, n, None, limits, 1, Path(tmp) / "h")
-            print(f"M={m} K={k} N={n}: heuristic {heuristic['strategy']} {heuristic['tile']}")
+            what = f"{chain} pairs, time per pair" if chain else "one dispatch"
+            print(f"M={m} K={k} N={n} ({what}): heuristic {heuristic['strategy']} {heuristic['tile']}")
             for cfg in candidates(limits):
-                if not fits(cfg, limits):
-                    continue
+                if not fits(cfg, limits) or (cfg.vector == 4 and (n % 4 or k % 4)):
+                    continue   # does not fit the limits, or needs vec4 rows this shape has not
                 try:
-                    t, err, used = time_config(m, k, n, cfg, limits, runs, Path(tmp) / "b")
+                    t, err, used = time_config(m, k, n, cfg, limits, runs, Path(tmp) / "b", chain)
                 except Exception as e:  # noqa: BLE001  (a variant that does not apply is reported)
                     print(f"    {cfg.strategy:20s} {str(cfg.tile):12s} not built: {str(e).splitlines()[0][:100]}")
                     continue
                 mark = "*" if (used["strategy"], list(used["tile"])) == (heuristic["strategy"], list(heuristic["tile"])) else " "
                 ok = "ok" if err < 1e-4 else f"WRONG {err:.1e}"
-                print(f"  {mark} {cfg.strategy:20s} {str(cfg.tile):12s} {t * 1e3:9.3f} ms {flops / t / 1e9:9.1f} GFLOP/s {ok}")
+                name = f"{cfg.strategy} {'x'.join(map(str, cfg.workgroup_size))}"
+                print(f"  {mark} {name:28s} {str(cfg.tile):12s} {t * 1e3:9.3f} ms {flops / t / 1e9:9.1f} GFLOP/s {ok}")
 
 
 if __name__ == "__main__":

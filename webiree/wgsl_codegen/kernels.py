@@ -168,6 +168,8 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
         return _matmul_subgroup(op, prog, cfg, limits, b)
     if cfg.strategy == "tiled-shared-vec4":
         return _matmul_shared_vec4(op, prog, cfg, limits, b)
+    if cfg.strategy == "split-k":
+        return _matmul_split_k(op, prog, cfg, limits, b)
     if cfg.strategy == "register-blocked":
         if cfg.vector == 4:
             return _matmul_registers_vec4(op, prog, cfg, limits, b)
@@ -465,6 +467,64 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
             body.append(If(cond, stores))
     shared = [kir.SharedArray("As", "vec4f", tm * BK4), kir.SharedArray("Bs", "vec4f", bk * tn4)]
     return body, shared, (-(-N4 // tn4), -(-M // tm), max(numel(op.batch), 1))
+
+
+def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Small products with a long K (BERT's 128 x 512 x 128) on GPUs: a workgroup of WX x WY x
+    KS invocations computes a WY x WX output tile, slice z of the invocations taking every
+    KS-th step of TK values of K; the KS partial sums meet in workgroup memory. A GPU gets
+    more, shorter workgroups than one K loop per output tile gives it."""
+    wx, wy, ks = cfg.workgroup_size
+    _, _, tk = cfg.tile
+    M, N, K = op.m, op.n, op.k
+    per = wx * wy
+    steps = -(-K // (tk * ks))          # K steps each slice takes (all slices alike: barriers)
+    bz, a_off_e, b_off_e = _batch_offsets(op)
+    tx, ty, tz = lid(0), lid(1), lid(2)
+    li = tx + ty * wx                    # index within the slice
+    body = [Let("a_off", a_off_e), Let("b_off", b_off_e),
+            Let("m0", kir.cast(kir.WID[1], "i32") * wy), Let("n0", kir.cast(kir.WID[0], "i32") * wx),
+            Decl("acc", "f32", f32(0.0))]
+    a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
+    m0, n0, s = lvar("m0", "i32"), lvar("n0", "i32"), lvar("s", "i32")
+    kb = lvar("kb", "i32")
+    a_sh, b_sh = tz * (tk * wy), tz * (tk * wx)     # this slice's part of As / Bs
+
+    def fill(shared, base, rows, elem, bound, k_fastest):
+        out = []
+        for step in range(-(-(tk * rows) // per)):
+            idx = li + step * per
+            r, kk = (idx // tk, idx % tk) if k_fastest else (idx % rows, idx // rows)
+            inb = kir.binary("and", bound(r), kb + kk < K)
+            st = [If(inb, [SStore(shared, base + kk * rows + r, elem(r, kb + kk))],
+                     [SStore(shared, base + kk * rows + r, f32(0.0))])]
+            out += st if (step + 1) * per <= tk * rows else [If(idx < tk * rows, st)]
+        return out
+
+    a_elem = lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k))  # noqa: E731
+    b_elem = lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c))  # noqa: E731
+    inner = [Let("kb", (s * ks + tz) * tk)]
+    inner += fill("As", a_sh, wy, a_elem, lambda r: m0 + r < M, not op.trans_a)
+    inner += fill("Bs", b_sh, wx, b_elem, lambda c: n0 + c < N, op.trans_b)
+    inner.append(Barrier())
+    for kk in range(tk):
+        inner.append(Assign("acc", kir.fma(kir.sload("As", a_sh + kk * wy + ty, "f32"),
+                                           kir.sload("Bs", b_sh + kk * wx + tx, "f32"), lvar("acc", "f32"))))
+    inner.append(Barrier())
+    body.append(For("s", i32(0), i32(steps), inner))
+    body += [SStore("red", tz * per + li, lvar("acc", "f32")), Barrier()]
+    total = kir.sload("red", li, "f32")
+    for z in range(1, ks):
+        total = total + kir.sload("red", z * per + li, "f32")
+    r, c = m0 + ty, n0 + tx
+    o = bz * (M * N) + r * N + c
+    val = total * op.alpha if op.alpha != 1.0 else total
+    out = b.name(op.out)
+    body.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)),
+                   [Let("sum", val), Store(out, o, epilogue(op, b, lvar("sum", "f32"), o))]))
+    shared = [kir.SharedArray("As", "f32", ks * tk * wy), kir.SharedArray("Bs", "f32", ks * tk * wx),
+              kir.SharedArray("red", "f32", ks * per)]
+    return body, shared, (-(-N // wx), -(-M // wy), max(numel(op.batch), 1))
 
 
 def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
