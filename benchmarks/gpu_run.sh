@@ -15,7 +15,7 @@ mkdir -p /tmp/seed "$OUT"
 # STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch
 STAGES=${STAGES:-variants models torch}
 if [[ $STAGES == *variants* ]]; then
-  python3 benchmarks/matmul_variants.py ${SHAPES:-} --runs 10 2>&1 | tee "$OUT/matmul_variants.txt"
+  python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt"
 fi
 [[ $STAGES == *models* || $STAGES == *torch* ]] || exit 0
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4

@@ -112,22 +112,16 @@ def time_config(m, k, n, cfg, limits, runs, tmp, chain=0):
 
 
 def main(argv):
-    runs, chain = 20, 0
-    if "--runs" in argv:
-        i = argv.index("--runs")
-        runs = int(argv[i + 1])
-        argv = argv[:i] + argv[i + 2:]
-    which = "adapter"
-    if "--limits" in argv:       # 'default' tries the GPU variants on any adapter (a correctness check)
-        i = argv.index("--limits")
-        which = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    if "--chain" in argv:
-        i = argv.index("--chain")
-        chain = int(argv[i + 1])
-        argv = argv[:i] + argv[i + 2:]
-    shapes = [tuple(int(x) for x in s.split(",")) for s in argv] or [(4096, 4096, 4096), (128, 512, 128),
-                                                                       (128, 384, 1536), (3136, 144, 24)]
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shapes", nargs="*", help="M,K,N")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--chain", type=int, default=0)
+    ap.add_argument("--limits", default="adapter", help="'default' tries the GPU variants on any adapter")
+    args = ap.parse_args(argv)
+    runs, chain, which = args.runs, args.chain, args.limits
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] or [
+        (4096, 4096, 4096), (128, 512, 128), (128, 384, 1536), (3136, 144, 24)]
     from webiree.compiler.driver import resolve_limits
     limits = resolve_limits(which)
     print(f"adapter class {limits.get('device_class')}, subgroup size {limits.get('subgroup_size', 0)}")
