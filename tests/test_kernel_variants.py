@@ -137,8 +137,20 @@ def test_vec4_tiled_matmul(sa, sb, check):
 
 
 def test_small_gpu_matmul_takes_the_scalar_tiles(check):
-    """Too few vec4 tiles to fill a GPU: the scalar kernel's smaller tiles make more workgroups."""
-    assert strategies(check(single("MatMul", [[128, 512], [512, 128]], [128, 128]))) == ["tiled-shared"]
+    """Too few vec4 tiles to fill a GPU and K too short to split: the scalar kernel's smaller tiles."""
+    assert strategies(check(single("MatMul", [[128, 128], [128, 128]], [128, 128]))) == ["tiled-shared"]
+
+
+@pytest.mark.parametrize("sa,sb,tb", [([128, 512], [512, 128], 0),   # BERT's bottleneck product
+                                      ([37, 300], [29, 300], 1),     # B transposed, tiles and K ragged
+                                      ([4, 20, 260], [260, 12], 0)]) # batched
+def test_split_k_matmul(sa, sb, tb, check):
+    rng = np.random.default_rng(9)
+    n = sb[-2] if tb else sb[-1]
+    m = make_model([helper.make_node("MatMul" if not tb else "Gemm", ["a", "b"], ["y"], **({"transB": 1} if tb else {}))],
+                   [vi("a", sa)], [vi("y", sa[:-1] + [n])], {"b": rng.standard_normal(sb).astype(np.float32)})
+    res = check(m)
+    assert strategies(res) == ["split-k"]
 
 
 def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):
