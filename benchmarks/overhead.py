@@ -54,3 +54,20 @@ for _ in range(runs):
     d._submit_raw(enc, it.items)
 libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
 print(f"  pipelined      {(time.perf_counter() - t0) / runs * 1e3:7.3f} ms per inference (no readback wait)")
+# the same inference submitted in chunks of C dispatches: the GPU starts on the first chunk while
+# the host encodes the next (an experiment: sessions submit once per inference)
+for chunk in (16, 64):
+    parts = [it.items[i:i + chunk] for i in range(0, len(it.items), chunk)]
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for index, buf, off in it.uploads:
+            d.write_buffer(buf, off, enc_feeds[sess.module.inputs[index].name])
+        for p in parts:
+            d._submit_raw(d.device.create_command_encoder(), p)
+        libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
+        it.readback.map_sync(wgpu.MapMode.READ, 0, max(it.readback_size, 4))
+        data = bytes(it.readback.read_mapped(0, max(it.readback_size, 4)))
+        it.readback.unmap()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    print(f"  chunks of {chunk:<3d}  median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms (host to host, {len(parts)} submits)")
