@@ -22,7 +22,7 @@ python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODEL
 python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
 for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do
   [[ $STAGES == *models* ]] || break
-  python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing"
+  python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} ${BENCH_ARGS:-} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing"
 done
 [[ $STAGES == *models* ]] && python3 -m webiree.cli bench /tmp/seed/matmul4096.onnx --runs 10 --json "$OUT/matmul4096.json"
 [[ $STAGES == *torch* ]] && python3 benchmarks/torch_reference.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/torch.json" ${MODELS:+--only $MODELS}

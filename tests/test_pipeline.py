@@ -194,9 +194,23 @@ def test_bench_command_reports_correct_results(tmp_path, capsys):
     from webiree.cli import main
 
     onnx.save(models.mlp(), tmp_path / "mlp.onnx")
-    assert main(["bench", str(tmp_path / "mlp.onnx"), "--runs", "2", "--warmup", "1",
+    assert main(["bench", str(tmp_path / "mlp.onnx"), "--runs", "2", "--warmup", "1", "--submit-chunk", "2",
                  "--json", str(tmp_path / "r.json")]) == 0
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["results"]["webiree"]["rel_err"] <= 1e-4
+    assert r["results"]["webiree-chunks-of-2"]["rel_err"] <= 1e-4
     assert r["dispatches"] == 4 and r["memory"]["ratio"] <= 1.25
     assert "x webiree" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_submit_in_chunks_gives_the_same_results(chunk, tmp_path):
+    """submit_chunk=N submits every N dispatches (copies ride along); results do not change."""
+    model = models.small_cnn()
+    feeds = models.sample_inputs(model)
+    webiree.compile(model, tmp_path / "b")
+    one = webiree.InferenceSession(tmp_path / "b").run(None, feeds)
+    sess = webiree.InferenceSession(tmp_path / "b", submit_chunk=chunk)
+    for _ in range(2):
+        for g, w in zip(sess.run(None, feeds), one):
+            np.testing.assert_array_equal(g, w)

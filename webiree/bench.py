@@ -117,7 +117,7 @@ def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: i
 
 def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", inputs_path=None,
           iree: bool = False, input_shapes=None, json_out=None, log=print, iree_vulkan_target=None,
-          spirv: bool = False) -> dict:
+          spirv: bool = False, submit_chunk: int = 0) -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -145,6 +145,12 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         report["results"]["onnxruntime-cpu"] = {"median_ms": ort_ms, "rel_err": 0.0}
         report["results"]["webiree"] = {"median_ms": wi_ms,
                                         "rel_err": max(_rel_err(g, r) for g, r in zip(wi_out, ref))}
+        if submit_chunk:   # the same build, submitted every `submit_chunk` dispatches
+            chunked = InferenceSession(tmp / "site", submit_chunk=submit_chunk)
+            ms, out = _median_ms(lambda: chunked.run(None, feeds), runs, warmup)
+            report["results"][f"webiree-chunks-of-{submit_chunk}"] = {
+                "median_ms": ms, "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
+            chunked.close()
         if spirv:   # the same kernels as SPIR-V executables (wgsl_codegen/spirv.py)
             try:
                 t0 = time.perf_counter()

@@ -175,7 +175,7 @@ def cmd_bench(args) -> int:
         raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
     bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
           _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target,
-          spirv=args.spirv)
+          spirv=args.spirv, submit_chunk=args.submit_chunk)
     return 0
 
 
@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--iree", action="store_true", help="also run IREE vulkan-spirv and llvm-cpu (pip install -e .[iree])")
     bn.add_argument("--spirv", action="store_true", help="also build and time the SPIR-V executables")
     bn.add_argument("--iree-vulkan-target", help="IREE's --iree-vulkan-target (its default has no int64)")
+    bn.add_argument("--submit-chunk", type=int, default=0, metavar="N",
+                    help="also time the build submitted every N dispatches (the GPU starts while the host encodes)")
     bn.add_argument("--json", help="write the report as JSON")
     bn.set_defaults(fn=cmd_bench)
 

@@ -40,7 +40,9 @@ def _ort_type(t: int) -> str:
 
 
 class InferenceSession:
-    def __init__(self, path):
+    def __init__(self, path, submit_chunk: int = 0):
+        """path: a build folder. submit_chunk: 0 (one submit per inference) or N, a submit every
+        N dispatches so the GPU starts while the host encodes the rest (WgpuDriver)."""
         from .bundler.site import MODULE_FILE, WEIGHTS_FILE
         from .hal_webgpu.wgpu_driver import WgpuDriver
 
@@ -61,7 +63,7 @@ class InferenceSession:
                              hint="rebuild the model")
         weights = (d / WEIGHTS_FILE).read_bytes() if (d / WEIGHTS_FILE).exists() else b""
         self.interp = None
-        self.driver = WgpuDriver()
+        self.driver = WgpuDriver(submit_chunk=submit_chunk)
         interp = Interpreter(self.module, self.driver, weights)
         run_sync(interp.prepare())
         self.interp = interp
