@@ -64,7 +64,7 @@ def test_subgroup_matmul(sa, sb, tmp_path, cpu_limits):
 
 
 def test_subgroup_matmul_epilogue_alpha_and_prologue(tmp_path, cpu_limits):
-    """Gemm alpha/beta/bias as the epilogue; an elementwise producer of A stays its own dispatch."""
+    """Gemm alpha/beta/bias as the epilogue, A computed by a fused prologue (four values a vec4)."""
     rng = np.random.default_rng(4)
     m = make_model([helper.make_node("Relu", ["a"], ["ar"]),
                     helper.make_node("Gemm", ["ar", "b", "c"], ["g"], alpha=0.7, beta=1.3),
@@ -73,7 +73,20 @@ def test_subgroup_matmul_epilogue_alpha_and_prologue(tmp_path, cpu_limits):
                    {"b": rng.standard_normal([44, 28]).astype(np.float32),
                     "c": rng.standard_normal([28]).astype(np.float32)})
     res, _ = run_cpu(m, tmp_path, cpu_limits)
-    assert strategies(res) == ["elementwise", "subgroup-broadcast"]
+    assert strategies(res) == ["subgroup-broadcast"]
+
+
+def test_subgroup_matmul_with_a_computed_b(tmp_path, cpu_limits):
+    """B computed by a fused prologue (attention's bias + transpose) is read one column a slot."""
+    rng = np.random.default_rng(10)
+    m = make_model([helper.make_node("Add", ["k", "bias"], ["kb"]),
+                    helper.make_node("Transpose", ["kb"], ["kt"], perm=[0, 2, 1]),
+                    helper.make_node("MatMul", ["q", "kt"], ["y"])],
+                   [vi("q", [3, 20, 32]), vi("k", [3, 24, 32])], [vi("y", [3, 20, 24])],
+                   {"bias": rng.standard_normal([32]).astype(np.float32)})
+    res, _ = run_cpu(m, tmp_path, cpu_limits)
+    assert strategies(res) == ["subgroup-broadcast"]
+    assert res.module.info["dispatches"][0]["config"]["vector"] == 1
 
 
 @pytest.mark.parametrize("sa,sb,tb", [([9, 30], [30, 16], 0),    # K not a multiple of 4

@@ -153,8 +153,7 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after, targets=(
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()
     stage[0] = "fuse"
-    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
-                matmul_prologues=not C.subgroup_matmuls(lim))
+    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"])
     passes.dce(prog)
     if "fuse" in dump_after:
         dumps["fuse"] = prog.summary()

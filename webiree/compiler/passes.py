@@ -21,7 +21,7 @@ No rule may exceed the number of storage buffers one kernel can bind.
 from __future__ import annotations
 
 from ..wgsl_codegen import kir
-from .program import O, Anchor, Generic, MatMul, Program
+from .program import O, Anchor, Generic, Program
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
 PROLOGUE_COST = 24  # a producer this cheap may be recomputed inside an anchor's input loads
@@ -78,10 +78,7 @@ def _bindings_after(op, extra_reads) -> int:
     return len(set(op.reads()) | set(extra_reads)) + 1
 
 
-def fuse(prog: Program, max_bindings: int = 8, matmul_prologues: bool = True) -> Program:
-    """matmul_prologues=False keeps elementwise producers of MatMul operands as their own
-    dispatches: a matmul reads each operand element many times, and on CPU adapters a plain
-    operand is what lets the kernel load it as vec4s (kernels._matmul_subgroup)."""
+def fuse(prog: Program, max_bindings: int = 8) -> Program:
     outputs = {prog.root(o) for o in prog.outputs}
     producer_of = {op.out: op for op in prog.ops}
 
@@ -147,7 +144,7 @@ def fuse(prog: Program, max_bindings: int = 8, matmul_prologues: bool = True) ->
 
     # 3. compute lone elementwise producers inside the anchor that reads them
     for a in list(prog.ops):
-        if not isinstance(a, Anchor) or (isinstance(a, MatMul) and not matmul_prologues):
+        if not isinstance(a, Anchor):
             continue
         for t in a.inputs():
             p = producer_of.get(t)

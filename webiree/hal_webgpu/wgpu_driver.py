@@ -303,7 +303,7 @@ class WgpuDriver(Driver):
                 else:
                     steps.append(it)
             raw = (items, steps)
-            if len(self._raw_cache) > 4096:
+            if len(self._raw_cache) >= 256:     # one entry per submitted part of the schedule
                 self._raw_cache.clear()
             self._raw_cache[id(items)] = raw
         set_pipeline = _libf.wgpuComputePassEncoderSetPipeline

@@ -99,7 +99,7 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         return KernelConfig((8, 8, 4), (1, 1, 16), 1, "split-k")
     if isinstance(op, P.MatMul) and not cpu:
         from .kernels import matmul_subgroup_ok, matmul_vec4_ok
-        if matmul_vec4_ok(op) and matmul_subgroup_ok(op) and inv >= 256 and \
+        if matmul_vec4_ok(op) and matmul_subgroup_ok(op) and op.a not in op.prologues and inv >= 256 and \
                 limits["max_compute_workgroup_size_x"] >= 16 and limits["max_compute_workgroup_size_y"] >= 16:
             # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
             # block that still offers the GPU enough workgroups, K steps of 16 where they fit.

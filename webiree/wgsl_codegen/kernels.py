@@ -65,8 +65,12 @@ class Binder:
         return kir.load(self.name(tensor), index, self.dtype(tensor))
 
     def load4(self, tensor: str, index4) -> kir.Expr:
-        """Elements 4*index4 .. 4*index4+3 of an f32 tensor as one vec4f."""
-        return kir.load(self.name(tensor, vec=True), kir.as_expr(index4, "i32"), "vec4f")
+        """Elements 4*index4 .. 4*index4+3 of an f32 tensor as one vec4f (four computed
+        elements where a fused prologue produces the tensor)."""
+        index4 = kir.as_expr(index4, "i32")
+        if tensor in self.prologues:
+            return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
+        return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 
     def expr(self, e: kir.Expr) -> kir.Expr:
         """A compiler expression (loads name tensors) with loads of binding slots instead."""
@@ -298,8 +302,9 @@ def _matmul_registers_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
 
 
 def matmul_subgroup_ok(op: P.MatMul) -> bool:
-    """A can be read as vec4 along K (row-major, K a multiple of 4); B is read as stored."""
-    return not op.trans_a and op.k % 4 == 0 and op.a not in op.prologues and not op.trans_b
+    """A can be read as vec4 along K (row-major, K a multiple of 4; four computed values where
+    a prologue produces A); B is read row by row."""
+    return not op.trans_a and op.k % 4 == 0 and not op.trans_b
 
 
 def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
