@@ -234,6 +234,33 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     return body, [], (-(-N // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
+def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
+    """Stores of register-block accumulators: `blocks` = [(acc name, row, column slot)], a slot
+    being `vec` (1 or 4) adjacent columns. A plain f32 vec4 result is one vec4 store; otherwise
+    each column goes through alpha and the fused epilogue."""
+    M, N = op.m, op.n
+    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
+    out = b.name(op.out, vec=plain)
+    acc_t = "vec4f" if vec == 4 else "f32"
+    body = []
+    for name, r, c in blocks:
+        o = bz * (M * N) + r * N + c * vec
+        acc = lvar(name, acc_t)
+        cond = kir.binary("and", r < M, c < N // vec)
+        if plain:
+            body.append(If(cond, [Store(out, o // 4, acc)]))
+            continue
+        stores = [Let(f"o_{name}", o)]
+        oo = lvar(f"o_{name}", "i32")
+        for q in range(vec):
+            v = kir.lane(acc, q) if vec == 4 else acc
+            if op.alpha != 1.0:
+                v = v * op.alpha
+            stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
+        body.append(If(cond, stores))
+    return body
+
+
 def matmul_vec4_ok(op: P.MatMul) -> bool:
     """B and C can be read and written as vec4 rows."""
     return op.n % 4 == 0 and not op.trans_b and op.b not in op.prologues
@@ -279,25 +306,8 @@ def _matmul_registers_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
         body.append(For("k0", i32(0), i32(main), inner, step=uk))
     for k in range(main, K):
         body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
-    plain = op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
-    out = b.name(op.out, vec=plain)
-    for i in range(rm):
-        for j in range(rn):
-            r, c4 = m0 + i, n0 + j * wx
-            o = bz * (M * N) + r * N + c4 * 4
-            acc = lvar(f"acc{i}_{j}", "vec4f")
-            cond = kir.binary("and", r < M, c4 < N4)
-            if plain:
-                body.append(If(cond, [Store(out, o // 4, acc)]))
-                continue
-            stores = [Let(f"o{i}_{j}", o)]
-            oo = lvar(f"o{i}_{j}", "i32")
-            for q in range(4):
-                v = kir.lane(acc, q)
-                if op.alpha != 1.0:
-                    v = v * op.alpha
-                stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
-            body.append(If(cond, stores))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
+                                            for i in range(rm) for j in range(rn)], 4)
     return body, [], (-(-N4 // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
@@ -360,25 +370,8 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
         tail = K % kb
         body.append(kir.For("tail", i32(0), i32(1),
                             block(i32(main), main // 4 + kir.minimum(lid(), tail // 4 - 1), tail), unroll=True))
-    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
-    out = b.name(op.out, vec=plain)
-    for i in range(rm):
-        for j in range(rn):
-            r, c = m0 + i, n0 + j * S
-            o = bz * (M * N) + r * N + c * vec
-            acc = lvar(f"acc{i}_{j}", acc_t)
-            cond = kir.binary("and", r < M, c < slots)
-            if plain:
-                body.append(If(cond, [Store(out, o // 4, acc)]))
-                continue
-            stores = [Let(f"o{i}_{j}", o)]
-            oo = lvar(f"o{i}_{j}", "i32")
-            for q in range(vec):
-                v = kir.lane(acc, q) if vec == 4 else acc
-                if op.alpha != 1.0:
-                    v = v * op.alpha
-                stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
-            body.append(If(cond, stores))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * S)
+                                            for i in range(rm) for j in range(rn)], vec)
     return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
@@ -451,25 +444,8 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
                     inner.append(Assign(f"acc{i}_{j}", kir.fma(a, lvar(f"b{kk4}_{q}_{j}", "vec4f"), acc)))
     inner.append(Barrier())
     body.append(For("k0", i32(0), i32(K), inner, step=bk))
-    plain = op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
-    out = b.name(op.out, vec=plain)
-    for i in range(rm):
-        for j in range(rn):
-            r, c4 = m0 + ty * rm + i, n04 + tx + j * wx
-            o = bz * (M * N) + r * N + c4 * 4
-            acc = lvar(f"acc{i}_{j}", "vec4f")
-            cond = kir.binary("and", r < M, c4 < N4)
-            if plain:
-                body.append(If(cond, [Store(out, o // 4, acc)]))
-                continue
-            stores = [Let(f"o{i}_{j}", o)]
-            oo = lvar(f"o{i}_{j}", "i32")
-            for q in range(4):
-                v = kir.lane(acc, q)
-                if op.alpha != 1.0:
-                    v = v * op.alpha
-                stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
-            body.append(If(cond, stores))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + ty * rm + i, n04 + tx + j * wx)
+                                            for i in range(rm) for j in range(rn)], 4)
     shared = [kir.SharedArray("As", "vec4f", tm * BK4), kir.SharedArray("Bs", "vec4f", bk * tn4)]
     return body, shared, (-(-N4 // tn4), -(-M // tm), max(numel(op.batch), 1))
 
