@@ -500,3 +500,26 @@ def test_runtime_is_tiny():
     web = Path(webiree.__file__).resolve().parents[1] / "web"
     gz = len(gzip.compress((web / "webiree.js").read_bytes(), 9))
     assert gz < 16 * 1024, f"webiree.js is {gz} bytes gzipped"
+
+
+def test_module_with_subgroup_kernels(page, server, sites):
+    """A build for a CPU adapter with subgroups (lavapipe's subgroup-broadcast matmul) either runs
+    and matches onnxruntime (the adapter guarantees subgroups of that size; the runtime enables
+    them) or is refused as a limits error naming the subgroup size; nothing in between."""
+    from webiree.testing.models import make_model
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(11)
+    model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
+                       [helper.make_tensor_value_info("a", TensorProto.FLOAT, [20, 64])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [20, 24])],
+                       {"w": rng.standard_normal([64, 24]).astype(np.float32)})
+    res = webiree.compile(model, sites[0] / "subgroup_mm", limits={"device_class": "cpu", "subgroup_size": 8})
+    assert res.module.limits["subgroup_size"] == 8
+    feeds = sample_inputs(model)
+    r = run_site(page, server, "subgroup_mm", feeds)
+    if "error" in r:
+        assert r["kind"] == "limits", r
+        assert "broadcast within subgroups of 8 invocations" in r["error"]
+        return
+    assert_close(decode_outputs(r)["y"], ort_run(model, feeds)[0], name="y")
