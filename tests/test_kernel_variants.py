@@ -118,9 +118,13 @@ def test_row_per_invocation_layernorm(tmp_path, cpu_limits):
     assert strategies(res) == ["row-per-invocation"]
 
 
-def test_subgroup_kernels_from_spirv(tmp_path, cpu_limits):
+@pytest.mark.parametrize("which", ["matmul", "matmul_columns", "depthwise"])
+def test_cpu_kernels_from_spirv(which, tmp_path, cpu_limits):
     """The same kernel IR as SPIR-V (OpGroupNonUniformBroadcast; spirv-val runs at build)."""
-    m = single("MatMul", [[33, 72], [72, 12]], [33, 12])
+    m = {"matmul": lambda: single("MatMul", [[33, 72], [72, 12]], [33, 12]),
+         "matmul_columns": lambda: single("MatMul", [[33, 72], [72, 13]], [33, 13]),
+         "depthwise": lambda: single("Conv", [[1, 4, 9, 11], [4, 1, 3, 3]], [1, 4, 9, 11],
+                                     {"group": 4, "pads": [1, 1, 1, 1]})}[which]()
     feeds = sample_inputs(m)
     _, spv = run_cpu(m, tmp_path / "spv", cpu_limits, feeds, targets="spirv")
     _, wgsl = run_cpu(m, tmp_path / "wgsl", cpu_limits, feeds)
@@ -178,3 +182,24 @@ def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):
     assert strategies(res) == ["tiled-shared-vec4"]
     _, spv = run_cpu(m, tmp_path / "spv", "default", feeds, targets="spirv")
     np.testing.assert_array_equal(spv[0], wgsl[0])
+
+
+@pytest.mark.parametrize("x,w,kw", [
+    ([1, 8, 13, 14], [8, 1, 3, 3], dict(group=8, pads=[1, 1, 1, 1])),                 # depthwise
+    ([1, 8, 13, 15], [8, 1, 3, 3], dict(group=8, strides=[2, 2], pads=[1, 1, 1, 1])),  # strided, ragged row
+    ([2, 6, 12, 12], [6, 1, 3, 3], dict(group=6, dilations=[2, 2], pads=[2, 2, 2, 2])),  # dilated, batch 2
+    ([1, 3, 17, 17], [16, 3, 3, 3], dict(strides=[2, 2], pads=[1, 1, 1, 1])),       # a stem: 3 input channels
+    ([1, 4, 9, 10], [4, 2, 1, 5], dict(group=2, pads=[0, 2, 0, 2])),                 # grouped 1x5
+])
+def test_row_block_conv(x, w, kw, tmp_path, cpu_limits):
+    rng = np.random.default_rng(12)
+    out = [x[0], w[0], *(
+        (x[2 + d] + kw.get("pads", [0] * 4)[d] + kw.get("pads", [0] * 4)[d + 2]
+         - kw.get("dilations", [1, 1])[d] * (w[2 + d] - 1) - 1) // kw.get("strides", [1, 1])[d] + 1 for d in range(2))]
+    m = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **kw),
+                    helper.make_node("Clip", ["c", "lo", "hi"], ["y"])],
+                   [vi("x", x)], [vi("y", out)],
+                   {"w": rng.standard_normal(w).astype(np.float32), "b": rng.standard_normal([w[0]]).astype(np.float32),
+                    "lo": np.array(-1.0, np.float32), "hi": np.array(6.0, np.float32)})
+    res, _ = run_cpu(m, tmp_path, cpu_limits)
+    assert strategies(res) == ["row-block"]
