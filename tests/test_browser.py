@@ -523,3 +523,40 @@ def test_module_with_subgroup_kernels(page, server, sites):
         assert "broadcast within subgroups of 8 invocations" in r["error"]
         return
     assert_close(decode_outputs(r)["y"], ort_run(model, feeds)[0], name="y")
+
+
+PIPELINE_DELAY_JS = """async ({url, runtime, delayMs, timeoutMs}) => {
+  // every pipeline resolves delayMs after the previous one (a slow compiler), or never (delayMs < 0)
+  const w = await import(runtime);
+  const orig = GPUDevice.prototype.createComputePipelineAsync;
+  let queue = Promise.resolve();
+  GPUDevice.prototype.createComputePipelineAsync = function (desc) {
+    if (delayMs < 0) return new Promise(() => {});
+    const p = queue.then(() => new Promise((r) => setTimeout(r, delayMs))).then(() => orig.call(this, desc));
+    queue = p;
+    return p;
+  };
+  const t0 = performance.now();
+  try {
+    const s = await w.InferenceSession.create(url, {timeoutMs});
+    await s.release();
+    return {ok: true, ms: performance.now() - t0};
+  } catch (e) {
+    return {error: String(e.message), kind: e.kind ?? null};
+  } finally {
+    GPUDevice.prototype.createComputePipelineAsync = orig;
+  }
+}"""
+
+
+def test_pipeline_timeout_is_about_progress(page, server, sites):
+    """Pipelines that finish one after another, each within the timeout, never time out even
+    when all of them take longer than it; pipelines that never finish fail with a clear error."""
+    args = {"url": f"{server}small_cnn/", "runtime": f"{server}relu_cnn/webiree.js"}
+    n = len(sites[1]["small_cnn"][1].module.executables)
+    slow = evaluate(page, PIPELINE_DELAY_JS, {**args, "delayMs": 400, "timeoutMs": 1500})
+    assert slow.get("ok"), slow
+    assert n >= 5 and slow["ms"] > 1500, (n, slow)     # longer in all than the timeout
+    hung = evaluate(page, PIPELINE_DELAY_JS, {**args, "delayMs": -1, "timeoutMs": 1500})
+    assert hung["kind"] == "device", hung
+    assert f"no pipeline finished compiling for 1500 ms (0 of {n} ready)" in hung["error"]

@@ -40,7 +40,8 @@ export interface LoadProgress {
 
 export interface SessionOptions {
   onProgress?: (progress: LoadProgress) => void;
-  /** how long any one GPU operation may take before it fails (default 30000) */
+  /** how long any one GPU operation may take before it fails, and how long pipeline creation
+   * may go without any pipeline finishing (default 30000) */
   timeoutMs?: number;
   powerPreference?: 'low-power' | 'high-performance';
 }

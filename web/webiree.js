@@ -315,6 +315,18 @@ export class InferenceSession {
       }
       return buf;
     });
+    // Pipelines compile in parallel; a slow compiler (SwiftShader) may take minutes for all of
+    // them, so the timeout is "no pipeline finished for timeoutMs", not a limit per pipeline.
+    let lastProgress = performance.now(), ready = 0, watch;
+    const stalled = new Promise((_, reject) => {
+      const check = () => {
+        if (performance.now() - lastProgress <= this.timeoutMs) { watch = setTimeout(check, 250); return; }
+        reject(new WebireeError('device', `no pipeline finished compiling for ${this.timeoutMs} ms ` +
+          `(${ready} of ${m.executables.length} ready)`, 'the GPU may be hung or overloaded; reload the page'));
+      };
+      watch = setTimeout(check, 250);
+    });
+    stalled.catch(() => {});
     const pipelines = await Promise.all(m.executables.map(async (e) => {
       if (e.format !== 'wgsl') fail('model', `executable ${e.name} is SPIR-V; browsers take WGSL only`, 'rebuild the model for WebGPU');
       let code = new TextDecoder().decode(e.code);
@@ -324,9 +336,11 @@ export class InferenceSession {
         {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'storage'}}))});
       const shader = d.createShaderModule({label: e.name, code});
       try {
-        const pipeline = await this._gpu(d.createComputePipelineAsync({label: e.name,
+        const pipeline = await Promise.race([d.createComputePipelineAsync({label: e.name,
           layout: d.createPipelineLayout({bindGroupLayouts: [layout]}), compute: {module: shader, entryPoint: e.entry}}),
-        `creating the pipeline of dispatch ${e.name}`);
+        this._lost, stalled]);
+        lastProgress = performance.now();
+        ready++;
         return {pipeline, layout};
       } catch (err) {
         if (err instanceof WebireeError) throw err;
@@ -335,7 +349,7 @@ export class InferenceSession {
         fail('device', `cannot create the pipeline of dispatch ${e.name}: ${notes.length ? notes.join('; ') : err.message}`,
           'this is a webiree bug: the browser rejected WGSL it emitted; please report it with the model');
       }
-    }));
+    })).finally(() => clearTimeout(watch));
     const names = (m.info.dispatches ?? []).map((x) => x.name);
     const regs = new Array(Math.max(m.registers, 1)).fill(0);
     this.uploads = [];
