@@ -103,10 +103,10 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
                 limits["max_compute_workgroup_size_x"] >= 16 and limits["max_compute_workgroup_size_y"] >= 16:
             # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
             # block that still offers the GPU enough workgroups, K steps of 16 where they fit.
-            # A product too small to fill the GPU even with 1 x 1 blocks (BERT's 128 x 512 x 128)
+            # A product too small to fill the GPU even with 1 x 1 blocks (BERT's 128 x 128 x 512)
             # takes the scalar kernel below, whose 16 x 16 tiles make 4x more workgroups: on the
-            # H200 MobileBERT ran 11.1 ms so and 14.7 ms with vec4 tiles everywhere, although
-            # one-dispatch timings (benchmarks/matmul_variants.py) favour the vec4 kernel there.
+            # H200 MobileBERT ran in 11.1 ms this way and in 14.7 ms with vec4 tiles everywhere,
+            # although one-dispatch timings (benchmarks/matmul_variants.py) favour vec4 tiles.
             batch = max(1, P.numel(op.batch))
             n4 = op.n // 4
             groups = lambda rm, rn: -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch  # noqa: E731
