@@ -71,3 +71,11 @@ def check_model(model, tmp_path, feeds=None, tol=FP32_TOL, input_shapes=None):
 @pytest.fixture
 def check(tmp_path):
     return lambda model, **kw: check_model(model, tmp_path, **kw)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium with WebGPU (tests/browser_util.py), one per test module."""
+    from .browser_util import chromium
+    with chromium() as b:
+        yield b

@@ -26,7 +26,7 @@ import webiree
 from webiree.module import read_module, write_module
 from webiree.testing.models import make_model, mlp, sample_inputs, small_cnn
 
-from .browser_util import CHROMIUM, CHROMIUM_ARGS, chromium, serving  # noqa: F401
+from .browser_util import CHROMIUM, CHROMIUM_ARGS, serving  # noqa: F401
 from .conftest import assert_close, ort_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -113,12 +113,6 @@ def sites(tmp_path_factory):
 def server(sites):
     with serving(sites[0]) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 @pytest.fixture

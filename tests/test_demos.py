@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from .conftest import assert_close, ort_run
-from .browser_util import chromium, serving
+from .browser_util import serving
 from .test_browser import EVAL_TIMEOUT_S
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
@@ -73,12 +73,6 @@ def digits(root):
 def server(root):
     with serving(root) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 def new_page(browser, url: str, ready: str, timeout_s: float = EVAL_TIMEOUT_S, **ctx_kw):

@@ -35,7 +35,7 @@ import webiree
 from webiree.bundler import pyodide as P
 from webiree.testing.models import mlp, sample_inputs, small_cnn
 
-from .browser_util import chromium, serving
+from .browser_util import serving
 from .conftest import assert_close, ort_run
 from .test_browser import b64_feeds, evaluate
 
@@ -88,12 +88,6 @@ def mobilenet(root, sites):
 def server(root, sites):
     with serving(root) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 def open_python_page(browser, url: str, init_script: str | None = None):

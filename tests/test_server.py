@@ -215,6 +215,28 @@ def raw_request(port: int, target: str, method: str = "GET") -> tuple[int, bytes
     return status, reply
 
 
+def check_concurrent_ranges(port: int, path: str, data: bytes, requests, workers: int) -> None:
+    """Send every (Range header, first, last) request at once from `workers` threads; each answer
+    must be a 206 with the right Content-Range and exactly data[first:last + 1]."""
+    def fetch(item):
+        header, start, end = item
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        try:
+            conn.request("GET", path, headers={"Range": header})
+            r = conn.getresponse()
+            return r.status, r.getheader("Content-Range"), r.read(), start, end
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(fetch, requests, timeout=45))
+    assert len(results) == len(requests)
+    for status, content_range, body, start, end in results:
+        assert status == 206
+        assert content_range == f"bytes {start}-{end}/{len(data)}"
+        assert body == data[start:end + 1]
+
+
 # --------------------------------------------------------------------------
 # Content types, index.html, 404, 405
 
@@ -577,24 +599,7 @@ def test_real_server_traversal_and_concurrent_ranges(site):
 
         requests = [make_request() for _ in range(200)]
 
-        def fetch(item):
-            header, start, end = item
-            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=20)
-            try:
-                conn.request("GET", "/big.bin", headers={"Range": header})
-                response = conn.getresponse()
-                body = response.read()
-                return (response.status, response.getheader("Content-Range"), body, start, end)
-            finally:
-                conn.close()
-
-        with ThreadPoolExecutor(max_workers=32) as pool:
-            results = list(pool.map(fetch, requests, timeout=45))
-        assert len(results) == 200
-        for status, content_range, body, start, end in results:
-            assert status == 206
-            assert content_range == f"bytes {start}-{end}/{BIG_SIZE}"
-            assert body == data[start:end + 1]
+        check_concurrent_ranges(srv.port, "/big.bin", data, requests, workers=32)
 
         # Still alive and well.
         status, reply = raw_request(srv.port, "/app.js")
@@ -638,23 +643,7 @@ def test_real_build_weights_under_200_concurrent_ranges(tmp_path):
         requests.append((header, start, end))
 
     with RunningServer(create_app(site)) as srv:
-        def fetch(item):
-            header, start, end = item
-            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=20)
-            try:
-                conn.request("GET", "/weights.bin", headers={"Range": header})
-                r = conn.getresponse()
-                return r.status, r.getheader("Content-Range"), r.read(), start, end
-            finally:
-                conn.close()
-
-        with ThreadPoolExecutor(max_workers=50) as pool:
-            results = list(pool.map(fetch, requests, timeout=45))
-        assert len(results) == 200
-        for status, content_range, body, start, end in results:
-            assert status == 206
-            assert content_range == f"bytes {start}-{end}/{size}"
-            assert body == weights[start:end + 1]
+        check_concurrent_ranges(srv.port, "/weights.bin", weights, requests, workers=50)
 
         for target in ["/../secret.txt", "/%2e%2e/secret.txt", "/%2e%2e%2fsecret.txt", "//etc/passwd",
                        "/" + str(tmp_path / "secret.txt")]:

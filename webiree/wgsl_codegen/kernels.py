@@ -175,63 +175,62 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     if cfg.strategy == "split-k":
         return _matmul_split_k(op, prog, cfg, limits, b)
     if cfg.strategy == "register-blocked":
-        if cfg.vector == 4:
-            return _matmul_registers_vec4(op, prog, cfg, limits, b)
         return _matmul_registers(op, prog, cfg, limits, b)
     return _matmul_shared(op, prog, cfg, limits, b)
 
 
 def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
-    """No workgroup memory, no barriers: invocation x owns columns n0 + x + j*WX (j < RN) of RM
-    consecutive rows. Lanes read consecutive B elements; A reads are uniform across the
-    workgroup. Suits CPUs (lavapipe vectorizes across invocations) and wide GPU tiles."""
+    """No workgroup memory, no barriers: invocation x owns column slots n0 + x + j*WX (j < RN)
+    of RM consecutive rows, a slot being one column or, with cfg.vector == 4, a vec4 of 4
+    adjacent columns. Lanes read consecutive B slots; A reads are uniform across the
+    workgroup. Suits CPU adapters (lavapipe vectorizes across invocations)."""
     wx = cfg.workgroup_size[0]
     rm, rn, uk = cfg.tile
+    vec = cfg.vector
     M, N, K = op.m, op.n, op.k
+    slots = N // vec
+    acc_t = "vec4f" if vec == 4 else "f32"
     bz, a_off, b_off = _batch_offsets(op)
-    body = [Let("a_off", a_off), Let("b_off", b_off),
+    body = [Let("a_off", a_off), Let("b_offv", b_off // vec),
             Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
             Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
     n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
-    a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
+    a_off, b_offv = lvar("a_off", "i32"), lvar("b_offv", "i32")
     for i in range(rm):
         body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
     for j in range(rn):
-        body.append(Let(f"nc{j}", kir.minimum(n0 + j * wx, N - 1)))
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * wx, slots - 1)))
         for i in range(rm):
-            body.append(Decl(f"acc{i}_{j}", "f32", f32(0.0)))
+            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if vec == 4 else f32(0.0)))
     mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
     nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
 
     def step(k):
         stmts = []
         for i in range(rm):
-            stmts.append(Let(f"a{i}", b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))))
+            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))
+            stmts.append(Let(f"a{i}", kir.splat(a) if vec == 4 else a))
         for j in range(rn):
-            stmts.append(Let(f"b{j}", b.load(op.b, b_off + (nc[j] * K + k if op.trans_b else k * N + nc[j]))))
+            if vec == 4:   # matmul_vec4_ok: B row-major, no prologue
+                bv = b.load4(op.b, b_offv + k * slots + nc[j])
+            else:
+                bv = b.load(op.b, b_offv + (nc[j] * K + k if op.trans_b else k * N + nc[j]))
+            stmts.append(Let(f"b{j}", bv))
         for i in range(rm):
             for j in range(rn):
-                stmts.append(Assign(f"acc{i}_{j}", lvar(f"acc{i}_{j}", "f32") + lvar(f"a{i}", "f32") * lvar(f"b{j}", "f32")))
+                acc = lvar(f"acc{i}_{j}", acc_t)
+                stmts.append(Assign(f"acc{i}_{j}", acc + lvar(f"a{i}", acc_t) * lvar(f"b{j}", acc_t)))
         return stmts
     k0 = lvar("k0", "i32")
     main = K - K % uk
     if main:
-        inner = []
-        for kk in range(uk):
-            inner += [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True)]
+        inner = [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True) for kk in range(uk)]
         body.append(For("k0", i32(0), i32(main), inner, step=uk))
     for k in range(main, K):
         body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
-    out = b.name(op.out)
-    for i in range(rm):
-        for j in range(rn):
-            r, c = m0 + i, n0 + j * wx
-            o = bz * (M * N) + r * N + c
-            acc = lvar(f"acc{i}_{j}", "f32")
-            if op.alpha != 1.0:
-                acc = acc * op.alpha
-            body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
-    return body, [], (-(-N // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
+                                            for i in range(rm) for j in range(rn)], vec)
+    return body, [], (-(-slots // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
 def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
@@ -264,51 +263,6 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
 def matmul_vec4_ok(op: P.MatMul) -> bool:
     """B and C can be read and written as vec4 rows."""
     return op.n % 4 == 0 and not op.trans_b and op.b not in op.prologues
-
-
-def _matmul_registers_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
-    """Like _matmul_registers, with each column slot a vec4 of 4 adjacent columns."""
-    wx = cfg.workgroup_size[0]
-    rm, rn, uk = cfg.tile
-    M, N, K = op.m, op.n, op.k
-    N4 = N // 4
-    bz, a_off, b_off = _batch_offsets(op)
-    body = [Let("a_off", a_off), Let("b_off4", b_off // 4),
-            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
-            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
-    n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
-    a_off, b_off4 = lvar("a_off", "i32"), lvar("b_off4", "i32")
-    for i in range(rm):
-        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
-    for j in range(rn):
-        body.append(Let(f"nc{j}", kir.minimum(n0 + j * wx, N4 - 1)))
-        for i in range(rm):
-            body.append(Decl(f"acc{i}_{j}", "vec4f", kir.splat(f32(0.0))))
-    mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
-    nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
-
-    def step(k):
-        stmts = []
-        for i in range(rm):
-            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))
-            stmts.append(Let(f"a{i}", kir.splat(a)))
-        for j in range(rn):
-            stmts.append(Let(f"b{j}", b.load4(op.b, b_off4 + k * N4 + nc[j])))
-        for i in range(rm):
-            for j in range(rn):
-                acc = lvar(f"acc{i}_{j}", "vec4f")
-                stmts.append(Assign(f"acc{i}_{j}", acc + lvar(f"a{i}", "vec4f") * lvar(f"b{j}", "vec4f")))
-        return stmts
-    k0 = lvar("k0", "i32")
-    main = K - K % uk
-    if main:
-        inner = [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True) for kk in range(uk)]
-        body.append(For("k0", i32(0), i32(main), inner, step=uk))
-    for k in range(main, K):
-        body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
-    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
-                                            for i in range(rm) for j in range(rn)], 4)
-    return body, [], (-(-N4 // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
 def matmul_subgroup_ok(op: P.MatMul) -> bool:

@@ -22,6 +22,7 @@ INFIX = {
     "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
     "and": "&&", "or": "||",
 }
+PREFIX = {"neg": "-", "not": "!", "bnot": "~"}
 BUILTIN_CALL = {
     "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2",
     "sqrt": "sqrt", "rsqrt": "inverseSqrt", "floor": "floor", "ceil": "ceil",
@@ -118,18 +119,11 @@ class _Renderer:
             if op == "div" and e.dtype == "f32" and a[0].is_const and a[1].is_const:
                 return f"({lhs} / ({rhs} + 0.0f * {lhs}))"  # keep naga from const-folding 1/0
             return f"({lhs} {INFIX[op]} {rhs})"
-        if op == "neg":
-            return f"(-{self.expr(a[0], names)})"
-        if op == "not":
-            return f"(!{self.expr(a[0], names)})"
-        if op == "bnot":
-            return f"(~{self.expr(a[0], names)})"
-        if op == "isnan":
-            x = self.expr(a[0], names)
-            return f"((bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"
-        if op == "isinf":
-            x = self.expr(a[0], names)
-            return f"((bitcast<u32>({x}) & 0x7fffffffu) == 0x7f800000u)"
+        if op in PREFIX:
+            return f"({PREFIX[op]}{self.expr(a[0], names)})"
+        if op in ("isnan", "isinf"):   # on the bits: WGSL may assume no NaN/inf in float compares
+            cmp = ">" if op == "isnan" else "=="
+            return f"((bitcast<u32>({self.expr(a[0], names)}) & 0x7fffffffu) {cmp} 0x7f800000u)"
         if op == "splat":
             return f"vec4<f32>({self.expr(a[0], names)})"
         if op == "lane":

@@ -36,14 +36,17 @@ def _param_coords(ctx, name, x_shape, axis, block, cs):
     raise ShapeError(f"a scale of shape {tuple(ps)} fits neither per-tensor nor per-axis quantization of {x_shape}")
 
 
-@register("QuantizeLinear")
-def quantize(ctx, node):
+def _operands(ctx, node):
+    """(x, scale, zero point or None, x's shape, axis, block size) of a (De)QuantizeLinear."""
     x, scale = node.inputs[:2]
-    zp = node.input(2)
     s = ctx.shape(x)
     axis = int(node.attr("axis", 1))          # (only used by per-axis / blocked parameters)
-    axis = axis + len(s) if axis < 0 else axis
-    block = int(node.attr("block_size", 0))
+    return x, scale, node.input(2), s, axis + len(s) if axis < 0 else axis, int(node.attr("block_size", 0))
+
+
+@register("QuantizeLinear")
+def quantize(ctx, node):
+    x, scale, zp, s, axis, block = _operands(ctx, node)
     to = int(node.attr("output_dtype", 0)) or (onnx_type(ctx, zp) if zp else 2)
     if to not in QRANGE:
         raise Unsupported(f"QuantizeLinear to ONNX type {to}")
@@ -61,12 +64,7 @@ def quantize(ctx, node):
 
 @register("DequantizeLinear")
 def dequantize(ctx, node):
-    x, scale = node.inputs[:2]
-    zp = node.input(2)
-    s = ctx.shape(x)
-    axis = int(node.attr("axis", 1))          # (only used by per-axis / blocked parameters)
-    axis = axis + len(s) if axis < 0 else axis
-    block = int(node.attr("block_size", 0))
+    x, scale, zp, s, axis, block = _operands(ctx, node)
     out_t = int(node.attr("output_dtype", 0)) or 1
     if out_t != 1:
         raise Unsupported(f"DequantizeLinear to ONNX type {out_t}")
