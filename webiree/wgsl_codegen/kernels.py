@@ -179,6 +179,16 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     return _matmul_shared(op, prog, cfg, limits, b)
 
 
+def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str) -> list:
+    """Append Let nc{j} = column slot n0 + j*stride (clamped to the last slot) and zeroed
+    accumulators acc{i}_{j} (f32 or vec4f) to `body`; return the nc{j} variables."""
+    for j in range(rn):
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * stride, slots - 1)))
+        for i in range(rm):
+            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if acc_t == "vec4f" else f32(0.0)))
+    return [lvar(f"nc{j}", "i32") for j in range(rn)]
+
+
 def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     """No workgroup memory, no barriers: invocation x owns column slots n0 + x + j*WX (j < RN)
     of RM consecutive rows, a slot being one column or, with cfg.vector == 4, a vec4 of 4
@@ -198,12 +208,8 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     a_off, b_offv = lvar("a_off", "i32"), lvar("b_offv", "i32")
     for i in range(rm):
         body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
-    for j in range(rn):
-        body.append(Let(f"nc{j}", kir.minimum(n0 + j * wx, slots - 1)))
-        for i in range(rm):
-            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if vec == 4 else f32(0.0)))
+    nc = _slots_and_accumulators(body, n0, wx, slots, rm, rn, acc_t)
     mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
-    nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
 
     def step(k):
         stmts = []
@@ -293,12 +299,8 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     a_off4, b_offv = lvar("a_off4", "i32"), lvar("b_offv", "i32")
     for i in range(rm):
         body.append(Let(f"ar{i}", a_off4 + kir.minimum(m0 + i, M - 1) * K4))
-    for j in range(rn):
-        body.append(Let(f"nc{j}", kir.minimum(n0 + j * S, slots - 1)))
-        for i in range(rm):
-            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if vec == 4 else f32(0.0)))
+    nc = _slots_and_accumulators(body, n0, S, slots, rm, rn, acc_t)
     ar = [lvar(f"ar{i}", "i32") for i in range(rm)]
-    nc = [lvar(f"nc{j}", "i32") for j in range(rn)]
     load_b = b.load4 if vec == 4 else b.load
 
     def block(k0, a_col4, steps):
