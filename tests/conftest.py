@@ -1,7 +1,12 @@
 """Shared test helpers: compile a model, run it natively, compare with onnxruntime.
 
-Tolerance (fp32): max |webiree - onnxruntime| <= 1e-4 * max |onnxruntime|
-(relative to the output's scale); exact equality for integer and bool outputs.
+Tolerances (fp32), on the finite elements (NaN and inf positions must match exactly):
+- scale-relative, every float output: max |webiree - onnxruntime| <= 1e-4 * max |onnxruntime|;
+- element-wise, where small elements carry the result (softmax, normalizations, the seed
+  models; `elementwise=True`): |webiree - onnxruntime| <= 1e-3 * |onnxruntime| + 1e-6 * max |onnxruntime|
+  for every element, so an output with its small entries wrong or zeroed fails even where
+  the scale-relative check cannot see it.
+Integer and bool outputs must be equal.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp/webiree-xdg")
 os.makedirs(os.environ["XDG_RUNTIME_DIR"], exist_ok=True)
 
 FP32_TOL = 1e-4
+EW_RTOL, EW_ATOL = 1e-3, 1e-6     # element-wise: relative to the element, absolute relative to the scale
 
 
 def ort_run(model, feeds):
@@ -26,7 +32,8 @@ def ort_run(model, feeds):
     return sess.run(None, feeds)
 
 
-def assert_close(got, ref, tol=FP32_TOL, name="output"):
+def assert_close(got, ref, tol=FP32_TOL, name="output", elementwise=False):
+    """Compare one output (see the module docstring); returns max |diff| / max |ref|."""
     got, ref = np.asarray(got), np.asarray(ref)
     assert got.shape == ref.shape, f"{name}: shape {got.shape} != {ref.shape}"
     if ref.dtype.kind in "biu":
@@ -41,9 +48,19 @@ def assert_close(got, ref, tol=FP32_TOL, name="output"):
     ok = fin & ~inf
     if not ok.any():
         return 0.0
-    scale = max(float(np.abs(ref[ok]).max()), 1e-30)
-    err = float(np.abs(got[ok].astype(np.float64) - ref[ok]).max()) / scale
+    g, r = got[ok].astype(np.float64), ref[ok].astype(np.float64)
+    scale = max(float(np.abs(r).max()), 1e-30)
+    diff = np.abs(g - r)
+    err = float(diff.max()) / scale
     assert err <= tol, f"{name}: max |diff| / max |ref| = {err:.3e} > {tol}"
+    if elementwise:
+        bound = EW_RTOL * np.abs(r) + EW_ATOL * scale
+        bad = diff > bound
+        if bad.any():
+            i = int(np.argmax(diff / bound))
+            raise AssertionError(f"{name}: {int(bad.sum())} of {bad.size} elements differ by more than "
+                                 f"{EW_RTOL:g} * |ref| + {EW_ATOL:g} * max |ref| (worst: got {g[i]:.6g}, "
+                                 f"ref {r[i]:.6g})")
     return err
 
 
@@ -56,15 +73,16 @@ def compile_and_run(model, feeds, tmp_path, input_shapes=None, **kw):
     return sess.run(None, feeds), res, sess
 
 
-def check_model(model, tmp_path, feeds=None, tol=FP32_TOL, input_shapes=None):
+def check_model(model, tmp_path, feeds=None, tol=FP32_TOL, input_shapes=None, elementwise=False):
     """Compile + run on the native HAL and compare every output with onnxruntime."""
     from webiree.testing.models import sample_inputs
 
     feeds = feeds if feeds is not None else sample_inputs(model)
     got, res, _ = compile_and_run(model, feeds, tmp_path, input_shapes)
     ref = ort_run(model, feeds)
-    for g, r, o in zip(got, ref, model.graph.output):
-        assert_close(g, r, tol, o.name)
+    assert len(got) == len(ref) == len(model.graph.output), (len(got), len(ref), len(model.graph.output))
+    for g, r, o in zip(got, ref, model.graph.output, strict=True):
+        assert_close(g, r, tol, o.name, elementwise)
     return res
 
 
@@ -79,3 +97,18 @@ def browser():
     from .browser_util import chromium
     with chromium() as b:
         yield b
+
+
+# ---------------------------------------------------------------- no escape hatches
+def pytest_sessionfinish(session, exitstatus):
+    """A skip or an xfail is a failure nobody sees: any in a run makes the run fail. Set-up
+    installs everything the suite needs (scripts/setup.sh), so a skip means set-up broke."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    hatches = sum(len(reporter.stats.get(k, [])) for k in ("skipped", "xfailed", "xpassed"))
+    if hatches and session.exitstatus == 0:
+        reporter.ensure_newline()
+        reporter.write_line(f"webiree: {hatches} test(s) skipped or xfailed: the run fails (no escape hatches)",
+                            red=True)
+        session.exitstatus = 1

@@ -33,13 +33,15 @@ def cpu_limits():
     return {"device_class": "cpu", "subgroup_size": size}
 
 
-def run_cpu(model, tmp_path, limits, feeds=None, targets=None):
-    """Build with `limits`, run natively, compare with onnxruntime."""
+def run_cpu(model, tmp_path, limits, feeds=None, targets=None, elementwise=False):
+    """Build with `limits`, run natively, compare with onnxruntime (element by element too where
+    `elementwise`: softmax and normalizations)."""
     feeds = feeds if feeds is not None else sample_inputs(model)
     res = webiree.compile(model, tmp_path / "build", limits=limits, targets=targets)
     got = webiree.InferenceSession(tmp_path / "build").run(None, feeds)
-    for g, r, o in zip(got, ort_run(model, feeds), model.graph.output):
-        assert_close(g, r, name=o.name)
+    assert len(got) == len(model.graph.output), (len(got), len(model.graph.output))
+    for g, r, o in zip(got, ort_run(model, feeds), model.graph.output, strict=True):
+        assert_close(g, r, name=o.name, elementwise=elementwise)
     return res, got
 
 
@@ -104,7 +106,8 @@ def test_matmuls_the_subgroup_kernel_cannot_take(sa, sb, tb, tmp_path, cpu_limit
 @pytest.mark.parametrize("shape,axis", [([12, 128], -1), ([2, 5, 7], 1), ([3, 300], 1)])
 def test_row_per_invocation_softmax(shape, axis, tmp_path, cpu_limits):
     x = (np.random.default_rng(6).standard_normal(shape) * 30).astype(np.float32)
-    res, _ = run_cpu(single("Softmax", [shape], shape, {"axis": axis}), tmp_path, cpu_limits, {"x0": x})
+    res, _ = run_cpu(single("Softmax", [shape], shape, {"axis": axis}), tmp_path, cpu_limits, {"x0": x},
+                     elementwise=True)
     assert strategies(res) == ["row-per-invocation"]
 
 
@@ -114,7 +117,7 @@ def test_row_per_invocation_layernorm(tmp_path, cpu_limits):
                    [vi("x", [13, 384])], [vi("y", [13, 384])],
                    {"s": rng.standard_normal([384]).astype(np.float32),
                     "b": rng.standard_normal([384]).astype(np.float32)})
-    res, _ = run_cpu(m, tmp_path, cpu_limits)
+    res, _ = run_cpu(m, tmp_path, cpu_limits, elementwise=True)
     assert strategies(res) == ["row-per-invocation"]
 
 

@@ -122,22 +122,65 @@ def test_pooling(op, kw, check):
     check(single(op, [[1, 5, 11, 9]], None, kw))
 
 
+# Softmax and the normalizations are compared element by element too (tests/conftest.py): their
+# small entries carry the result, and a scale-relative bound cannot see them.
 @pytest.mark.parametrize("axis", [-1, 1, 0])
 def test_softmax(axis, check):
-    check(single("Softmax", [[3, 7, 5]], [3, 7, 5], {"axis": axis}))
+    check(single("Softmax", [[3, 7, 5]], [3, 7, 5], {"axis": axis}), elementwise=True)
 
 
 def test_softmax_large_values_is_stable(check):
-    x = (np.arange(24, dtype=np.float32).reshape(2, 12) * 40.0)
-    check(single("Softmax", [[2, 12]], [2, 12]), feeds={"x0": x})
+    """Inputs near 1000 overflow exp() unless the row maximum is subtracted; the spread of 0.5
+    keeps every entry of the result well away from 0 and 1."""
+    x = (1000.0 + np.arange(24, dtype=np.float32).reshape(2, 12) * 0.5)
+    x[1] *= -1
+    check(single("Softmax", [[2, 12]], [2, 12]), feeds={"x0": x}, elementwise=True)
 
 
 def test_softmax_long_row(check):
-    check(single("Softmax", [[2, 1000]], [2, 1000]))
+    check(single("Softmax", [[2, 1000]], [2, 1000]), elementwise=True)
 
 
 def test_softmax_opset11_coerces_to_2d(check):
-    check(single("Softmax", [[2, 3, 4]], [2, 3, 4], {"axis": 1}, opset=11))
+    check(single("Softmax", [[2, 3, 4]], [2, 3, 4], {"axis": 1}, opset=11), elementwise=True)
+
+
+def test_elementwise_tolerance_sees_small_entries():
+    """The comparison the softmax and normalization tests use fails a softmax with half its
+    entries zeroed, which the scale-relative bound alone lets through."""
+    from tests.conftest import assert_close
+
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32) * 5   # peaked rows
+    ref = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+    bad = ref.copy()
+    bad[bad < np.median(bad)] = 0
+    assert_close(bad, ref)                       # within 1e-4 of the scale ...
+    with pytest.raises(AssertionError, match="elements differ"):
+        assert_close(bad, ref, elementwise=True)  # ... but not element by element
+    assert_close(ref * (1 + 1e-5), ref, elementwise=True)
+
+
+NORMS = {
+    "LayerNormalization_last": ("LayerNormalization", [[3, 5, 16], [16], [16]], [3, 5, 16], {"axis": -1}, 17),
+    "LayerNormalization_axis1": ("LayerNormalization", [[3, 5, 16], [5, 16], [5, 16]], [3, 5, 16],
+                                 {"axis": 1, "epsilon": 1e-3}, 17),
+    "InstanceNormalization": ("InstanceNormalization", [[2, 4, 6, 5], [4], [4]], [2, 4, 6, 5], {}, 17),
+    "BatchNormalization": ("BatchNormalization", [[2, 4, 6, 5], [4], [4], [4], [4]], [2, 4, 6, 5], {}, 15),
+    "GroupNormalization": ("GroupNormalization", [[2, 6, 4, 5], [6], [6]], [2, 6, 4, 5], {"num_groups": 3}, 21),
+    "LRN": ("LRN", [[2, 7, 4, 4]], [2, 7, 4, 4], {"size": 3}, 17),
+    "LpNormalization": ("LpNormalization", [[3, 9]], [3, 9], {"axis": -1, "p": 2}, 17),
+    "MeanVarianceNormalization": ("MeanVarianceNormalization", [[2, 3, 4, 5]], [2, 3, 4, 5], {}, 17),
+}
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_normalization(name, check):
+    op, shapes, out, attrs, opset = NORMS[name]
+    m = single(op, shapes, out, attrs, opset=opset)
+    feeds = {f"x{i}": np.random.default_rng(i).standard_normal(sh).astype(np.float32) for i, sh in enumerate(shapes)}
+    if op == "BatchNormalization":
+        feeds["x4"] = np.abs(feeds["x4"]) + 0.5       # a variance
+    check(m, feeds=feeds, elementwise=True)
 
 
 def test_flatten_reshape_are_views(tmp_path):
@@ -184,7 +227,7 @@ def test_elementwise_prologue_feeds_reduction_and_softmax(check):
                     helper.make_node("MaxPool", ["n"], ["p"], kernel_shape=[2])],
                    [vi("x", [3, 8, 5])], [vi("y", [3, 5]), vi("z", [3, 8, 5]), vi("p", [3, 8, 4])],
                    {"two": np.array(2.0, np.float32)}, opset=17)
-    res = check(m)
+    res = check(m, elementwise=True)
     assert len(res.dispatches) == 3
 
 

@@ -157,7 +157,7 @@ def test_weights_pages_respect_max_buffer_size(tmp_path):
     assert len(pages) >= 2 and all(p.size <= 300_000 for p in pages)
     x = models.sample_inputs(model)
     got = webiree.InferenceSession(tmp_path).run(None, x)
-    for g, r in zip(got, ort_run(model, x)):
+    for g, r in zip(got, ort_run(model, x), strict=True):
         assert_close(g, r)
 
 
@@ -178,7 +178,7 @@ def test_external_data_and_bytes_input(tmp_path):
     webiree.compile(path, tmp_path / "a")
     webiree.compile(model.SerializeToString(), tmp_path / "b")
     for d in ("a", "b"):
-        for g, r in zip(webiree.InferenceSession(tmp_path / d).run(None, x), ref):
+        for g, r in zip(webiree.InferenceSession(tmp_path / d).run(None, x), ref, strict=True):
             assert_close(g, r)
     onnx_bytes = onnx.load(str(path), load_external_data=False).SerializeToString()
     with pytest.raises(webiree.ModelError, match="external"):
@@ -212,5 +212,5 @@ def test_submit_in_chunks_gives_the_same_results(chunk, tmp_path):
     one = webiree.InferenceSession(tmp_path / "b").run(None, feeds)
     sess = webiree.InferenceSession(tmp_path / "b", submit_chunk=chunk)
     for _ in range(2):
-        for g, w in zip(sess.run(None, feeds), one):
+        for g, w in zip(sess.run(None, feeds), one, strict=True):
             np.testing.assert_array_equal(g, w)

@@ -223,7 +223,7 @@ def test_module_reader_under_random_damage(mlp_build):
     the structural validation still holds."""
     good = (mlp_build / "model.wrm").read_bytes()
     rng = random.Random(1)
-    caught = {"checked": 0, "unchecked": 0}
+    caught = {"checked": 0, "unchecked": 0, "accepted": 0}
     for trial in range(400):
         raw = bytearray(good)
         how = rng.choice(["flip", "flip", "truncate", "splice", "zero_run"])
@@ -244,12 +244,36 @@ def test_module_reader_under_random_damage(mlp_build):
         if not checked and len(raw) >= 16:
             raw[12:16] = bytes(4)      # as if written without a checksum
         try:
-            read_module(bytes(raw))
+            m = read_module(bytes(raw))
         except ModuleFormatError:
             caught["checked" if checked else "unchecked"] += 1
             continue
         assert not checked, f"damage ({how}) passed the checksum"
+        _assert_references_in_range(m, how)
+        caught["accepted"] += 1
     assert caught["checked"] == 200 and caught["unchecked"] > 50, caught
+    assert caught["unchecked"] + caught["accepted"] == 200 and caught["accepted"] > 0, caught
+
+
+def _assert_references_in_range(m, how: str):
+    """What a runtime follows blindly, checked here independently of the reader's own validation:
+    executable, buffer, input and output indices, and byte ranges inside their buffers."""
+    from webiree.module.format import OP_DISPATCH, OP_READBACK, OP_UPLOAD_INPUT
+
+    sizes = [b.size for b in m.buffers]
+    for io in m.inputs + m.outputs:
+        assert io.buffer < len(sizes) and io.offset + io.size <= sizes[io.buffer], (how, io)
+    for c in m.commands:
+        if c[0] == OP_DISPATCH:
+            _, ex, gx, gy, gz, binds = c
+            assert ex < len(m.executables), (how, c)
+            assert sorted(b[0] for b in binds) == sorted(slot for slot, _ in m.executables[ex].bindings), (how, c)
+            for _, buf, off, size in binds:
+                assert buf < len(sizes) and off + size <= sizes[buf], (how, c)
+        elif c[0] == OP_UPLOAD_INPUT:
+            assert c[1] < len(m.inputs), (how, c)
+        elif c[0] == OP_READBACK:
+            assert c[1] < len(m.outputs), (how, c)
 
 
 def test_closed_session_gives_a_clear_error(mlp_build):
@@ -288,7 +312,7 @@ def test_adapter_limits_are_read_and_recorded(tmp_path):
         if k.startswith("max_") and k in have:
             assert v == have[k], k
     x = models.sample_inputs(models.mlp())
-    for g, r in zip(webiree.InferenceSession(tmp_path).run(None, x), ort_run(models.mlp(), x)):
+    for g, r in zip(webiree.InferenceSession(tmp_path).run(None, x), ort_run(models.mlp(), x), strict=True):
         assert_close(g, r)
 
 
@@ -364,7 +388,7 @@ def test_low_workgroup_storage_and_invocations(tmp_path, name):
                 dims = [int(v.strip().rstrip("u")) for v in line.split("@workgroup_size(")[1].split(")")[0].split(",")]
                 assert np.prod(dims) <= 64, line
     feeds = models.sample_inputs(model)
-    for g, r in zip(webiree.InferenceSession(tmp_path).run(None, feeds), ort_run(model, feeds)):
+    for g, r in zip(webiree.InferenceSession(tmp_path).run(None, feeds), ort_run(model, feeds), strict=True):
         assert_close(g, r)
 
 
@@ -469,7 +493,7 @@ def test_clip_and_where_with_nan_inf(tmp_path):
                    [vi("c", TensorProto.FLOAT, [n]), vi("w", TensorProto.FLOAT, [n]), vi("w2", TensorProto.FLOAT, [n])],
                    {"lo": np.array(-1.0, np.float32), "hi": np.array(2.0, np.float32)})
     got, ref = _run_both(tmp_path, m, {"a": EDGE_A, "b": EDGE_B})
-    for g, r, name in zip(got, ref, ["clip", "where_isnan", "where_greater"]):
+    for g, r, name in zip(got, ref, ["clip", "where_isnan", "where_greater"], strict=True):
         _assert_same_specials(g, r, name)
 
 
@@ -526,7 +550,7 @@ def test_nan_survives_fused_matmul_epilogue(tmp_path):
     m.graph.node[0].attribute.append(helper.make_attribute("alpha", float("nan")))
     feeds = models.sample_inputs(m)
     got, ref = _run_both(tmp_path, m, feeds)
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         assert np.isnan(r).all() and np.isnan(g).all()
 
 
@@ -583,7 +607,7 @@ def test_slice_producing_an_empty_tensor(tmp_path):
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
     got, ref = _run_both(tmp_path, m, {"x": x})
     assert got[0].shape == (0, 8)
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         assert_close(g, r)
 
 
@@ -633,7 +657,7 @@ def test_soak_one_session_2000_inferences(tmp_path, capsys):
         worst = max(worst, float(np.abs(logits - l_ref).max() / max(np.abs(l_ref).max(), 1e-6)),
                     float(np.abs(probs - p_ref).max()))
         if i % 100 == 0:
-            for g, r in zip((probs, logits), ort_run(model, {"x": x})):
+            for g, r in zip((probs, logits), ort_run(model, {"x": x}), strict=True):
                 assert_close(g, r)
         if i == 200:
             rss_warm = _rss_bytes()
