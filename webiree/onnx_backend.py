@@ -19,7 +19,10 @@ and the value is baked into the model as a constant (one compiled session per
 distinct value). A graph input from which such a parameter is *computed*
 (through any ops but Shape/Size, subgraphs included) counts too, if it is an
 integer tensor or a scalar; float data tensors always stay run-time inputs.
-`WebireeRep.deferred` lists the inputs a model compiles in.
+`WebireeRep.deferred` lists the inputs a model compiles in. After a run,
+`WebireeRep.last_run.folded` says whether no kernel read a run-time input: every
+output was computed at compile time (when all inputs were compiled in, or the
+outputs do not depend on their values), and no webiree kernel computed it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+from .module.format import OP_DISPATCH, OP_DISPATCH_DYN
 
 # op type -> positions of inputs that only determine an output *shape* (or axes)
 SHAPE_PARAMETERS = {
@@ -140,6 +145,13 @@ class _Compiled:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.inputs = [i.name for i in self.session.get_inputs()]
+        module = self.session.module
+        kinds = [b.kind for b in module.buffers]
+        dispatches = [c for c in module.commands if c[0] in (OP_DISPATCH, OP_DISPATCH_DYN)]
+        # folded: no kernel reads a run-time input, so every output was computed at compile time
+        # (the module only copies constants into the outputs)
+        self.folded = not any(kinds[b[1]] == "input" for c in dispatches for b in c[5]) and \
+            not any(kinds[o.buffer] == "input" for o in module.outputs)
         self.out_types = {}
         for o in model.graph.output:
             t = o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
@@ -164,6 +176,7 @@ class WebireeRep(BackendRep):
         self.input_names = [i.name for i in model.graph.input if i.name not in inits]
         self.output_names = [o.name for o in model.graph.output]
         self.deferred = shape_parameter_inputs(model)
+        self.last_run: _Compiled | None = None    # the compiled model the last `run` used
         self._compiled: dict = {}
         if not self.deferred:
             self._compiled[()] = _Compiled(model, **compile_kw)
@@ -186,6 +199,7 @@ class WebireeRep(BackendRep):
             frozen = {n: np.asarray(feeds[n]) for n in self.deferred if n in feeds}
             compiled = _Compiled(freeze_inputs(self.model, frozen), **self.compile_kw)
             self._compiled[key] = compiled
+        self.last_run = compiled
         outs = compiled.run(feeds)
         return namedtupledict("Outputs", self.output_names)(*outs)
 
