@@ -13,7 +13,9 @@ exception type, a hang, or a crash of the process that runs it.
   pipe while the next case compiles. A worker that dies (a driver crash) or
   misses its deadline (a GPU hang) is recorded and replaced by a fresh one.
   The worker also runs onnxruntime on the same model and feeds and reports
-  whether the results agree (where onnxruntime accepts the model).
+  whether the results agree, or that onnxruntime refuses the model (many
+  mutations are invalid for it too). Running cases natively needs onnxruntime:
+  without it the campaign stops with an ImportError rather than compare nothing.
 
     python -m webiree.testing.fuzz --cases 500 --seed 0     # prints the report
 """
@@ -530,6 +532,7 @@ def _worker_main():
     os.dup2(2, 1)                     # stray prints from native libraries go to stderr
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     import numpy as np
+    import onnxruntime as ort        # outside any handler: a missing onnxruntime kills the worker, loudly
 
     from ..session import InferenceSession
 
@@ -555,7 +558,7 @@ def _worker_main():
                     feeds[io.name] = rng.integers(0, 10, io.shape).astype(dt)
             got = sess.run(None, feeds)
             res["outcome"] = "ok"
-            res["agree"] = _compare_ort(req["model"], feeds, got)
+            res["ort"], res["ort_detail"] = _compare_ort(ort, req["model"], feeds, got)
         except WebireeError as e:
             res["outcome"] = "CompilerBug" if isinstance(e, CompilerBug) else type(e).__name__
             res["message"] = str(e)[:300]
@@ -565,35 +568,56 @@ def _worker_main():
         out.write(json.dumps(res) + "\n")
 
 
-def _compare_ort(model_path, feeds, got):
-    """True/False when onnxruntime runs the model too (results agree?), None when it refuses it."""
+def _ort_errors() -> tuple:
+    """The exception types by which onnxruntime says it cannot load or run a model (Fail,
+    InvalidGraph, InvalidArgument, NotImplemented, ...): those of its native module."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+    return tuple(v for v in vars(C).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
+def _compare_ort(ort, model_path, feeds, got) -> tuple[str, str]:
+    """Run onnxruntime on the model and feeds webiree ran; ("agree" | "differ" | "refused", details).
+
+    Only onnxruntime's own failure to load or run the mutated model counts as "refused";
+    any other exception propagates (the worker reports it as a bug)."""
     import numpy as np
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
     try:
-        import onnxruntime as ort
-        so = ort.SessionOptions()
-        so.log_severity_level = 4
         sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
         ref = sess.run(None, feeds)
-    except Exception:
-        return None
-    for g, r in zip(got, ref):
-        g, r = np.asarray(g), np.asarray(r)
-        if g.shape != r.shape:
-            return False
-        if r.dtype.kind in "biu":
-            if not np.array_equal(g, r):
-                return False
-            continue
-        if not np.array_equal(np.isnan(g), np.isnan(r)):
-            return False
-        ok = np.isfinite(r)
-        if not np.array_equal(g[~ok & ~np.isnan(r)], r[~ok & ~np.isnan(r)]):
-            return False
-        if ok.any():
-            scale = max(float(np.abs(r[ok]).max()), 1e-30)
-            if float(np.abs(g[ok].astype(np.float64) - r[ok]).max()) / scale > 1e-4:
-                return False
-    return True
+    except _ort_errors() as e:
+        return "refused", f"{type(e).__name__}: {str(e)[:300]}"
+    # a different number of outputs is a disagreement, never a shorter zip
+    if len(got) != len(ref):
+        return "differ", f"webiree gives {len(got)} outputs, onnxruntime {len(ref)}"
+    for i, (g, r) in enumerate(zip(got, ref)):
+        why = _difference(np.asarray(g), np.asarray(r))
+        if why:
+            return "differ", f"output {i}: {why}"
+    return "agree", ""
+
+
+def _difference(g, r) -> str:
+    """How webiree's output g differs from onnxruntime's r; "" when they agree (floats to 1e-4 of
+    r's largest finite magnitude, with NaN and inf in the same places)."""
+    import numpy as np
+    if g.shape != r.shape:
+        return f"shape {g.shape}, onnxruntime {r.shape}"
+    if r.dtype.kind in "biu":
+        return "" if np.array_equal(g, r) else f"{int((g != r).sum())} of {r.size} values differ"
+    if not np.array_equal(np.isnan(g), np.isnan(r)):
+        return "NaN in other places"
+    inf = np.isinf(r)
+    if not np.array_equal(g[inf], r[inf]):
+        return "inf in other places"
+    ok = np.isfinite(r)
+    if ok.any():
+        scale = max(float(np.abs(r[ok]).max()), 1e-30)
+        err = float(np.abs(g[ok].astype(np.float64) - r[ok]).max()) / scale
+        if err > 1e-4:
+            return f"max |difference| / max |onnxruntime| = {err:.2e} > 1e-4"
+    return ""
 
 
 class Worker:
@@ -673,7 +697,8 @@ class Result:
     case: Case
     compile: str = ""            # "ok" or the error class
     run: str = ""                # "", "ok" or the error class / hang / crash
-    agree: object = None         # onnxruntime agreement for cases that ran
+    ort: str = ""                # cases that ran: onnxruntime "agree"s, "differ"s or "refused" the model
+    ort_detail: str = ""         # how the outputs differ, or why onnxruntime refused
     folded: bool = False         # the whole graph was folded at compile time (no kernel computes)
     message: str = ""
     seconds: float = 0.0
@@ -701,14 +726,35 @@ class Report:
     def compiler_bugs(self):
         return [r for r in self.results if "CompilerBug" in (r.compile, r.run)]
 
+    def compared(self):
+        """Cases that ran natively and whose outputs were compared with onnxruntime's."""
+        return [r for r in self.results if r.ort in ("agree", "differ")]
+
+    def agreed(self):
+        return [r for r in self.results if r.ort == "agree"]
+
+    def refused(self):
+        """Cases that ran natively but that onnxruntime cannot load or run (not compared)."""
+        return [r for r in self.results if r.ort == "refused"]
+
     def disagreements(self):
         """Cases whose kernels computed a result other than onnxruntime's."""
-        return [r for r in self.results if r.agree is False and not r.folded]
+        return [r for r in self.results if r.ort == "differ" and not r.folded]
 
     def folded_disagreements(self):
         """Cases folded entirely at compile time (by onnx's reference evaluator) whose value differs
         from onnxruntime's: a difference between the two references, reported, not failed."""
-        return [r for r in self.results if r.agree is False and r.folded]
+        return [r for r in self.results if r.ort == "differ" and r.folded]
+
+    def summary(self) -> str:
+        """One line of counts: what ran, what was compared with onnxruntime and agreed."""
+        ran = sum(r.run == "ok" for r in self.results)
+        errors = sum(not r.bad and r.outcome not in ("run:ok", "run:skipped") for r in self.results)
+        return (f"{len(self.results)} cases: {ran} ran natively, {len(self.compared())} compared with onnxruntime, "
+                f"{len(self.agreed())} agreed, {len(self.disagreements())} differ "
+                f"(+{len(self.folded_disagreements())} folded at compile time), "
+                f"{len(self.refused())} refused by onnxruntime, {errors} WebireeErrors, "
+                f"{len(self.bugs())} bugs")
 
     def table(self) -> dict:
         t: dict = collections.defaultdict(collections.Counter)
@@ -720,15 +766,12 @@ class Report:
         lines = [f"{len(self.results)} cases in {self.seconds:.1f} s; worker restarts {self.worker_restarts}"]
         totals = collections.Counter(r.outcome for r in self.results)
         lines.append("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
-        ran = [r for r in self.results if r.run == "ok"]
-        lines.append(f"ran natively: {len(ran)}; onnxruntime agrees {sum(r.agree is True for r in ran)}, "
-                     f"disagrees {len(self.disagreements())} (+{len(self.folded_disagreements())} folded "
-                     f"at compile time), refuses {sum(r.agree is None for r in ran)}")
+        lines.append(self.summary())
         for kind, counts in self.table().items():
             lines.append(f"  {kind:<18} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
         for r in self.bugs() + self.compiler_bugs() + self.disagreements() + self.folded_disagreements():
             lines.append(f"  ! case {r.case.index} {r.case.base}/{r.case.kind} ({r.case.desc}): {r.outcome} "
-                         f"agree={r.agree} {r.message[-600:]}")
+                         f"onnxruntime {r.ort or '-'} {r.ort_detail} {r.message[-600:]}")
         slow = max(self.results, key=lambda r: r.seconds, default=None)
         if slow:
             lines.append(f"slowest compile: case {slow.case.index} {slow.case.kind} {slow.seconds:.2f} s")
@@ -740,6 +783,9 @@ def run_campaign(n: int = 500, seed: int = 0, workdir=None, run_native: bool = T
     from ..bundler.site import MODULE_FILE, WEIGHTS_FILE
     from ..compiler.driver import compile_model
     from ..module import write_module
+
+    if run_native:
+        import onnxruntime  # noqa: F401 - the worker compares with it: a missing one fails here, loudly
 
     own_tmp = workdir is None
     root = Path(tempfile.mkdtemp(prefix="webiree-fuzz-") if own_tmp else workdir)
@@ -756,7 +802,8 @@ def run_campaign(n: int = 500, seed: int = 0, workdir=None, run_native: bool = T
         in_flight = None
         got = worker.collect(run_deadline)
         res.run = got["outcome"]
-        res.agree = got.get("agree")
+        res.ort = got.get("ort", "")
+        res.ort_detail = got.get("ort_detail", "")
         res.message = got.get("message", "")
         shutil.rmtree(cdir, ignore_errors=True)
 
@@ -823,7 +870,8 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([
             {"index": r.case.index, "base": r.case.base, "kind": r.case.kind, "desc": r.case.desc,
-             "outcome": r.outcome, "agree": r.agree, "folded": r.folded, "message": r.message,
+             "outcome": r.outcome, "ort": r.ort, "ort_detail": r.ort_detail, "folded": r.folded,
+             "message": r.message,
              "seconds": round(r.seconds, 3)}
             for r in rep.results], indent=1))
     return 1 if rep.bugs() else 0
