@@ -12,17 +12,29 @@ if ! python3 -c "import wgpu; a = wgpu.gpu.request_adapter_sync(); print(a.info[
 fi
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/seed "$OUT"
+status=0  # any failed or wrong stage makes the script exit 1, after the other stages ran
+right() {  # webiree bench marks a result above 1e-4 WRONG but exits 0: fail here on a wrong webiree result
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["results"]
+bad = {k: v["rel_err"] for k, v in r.items() if k.startswith("webiree") and not v.get("rel_err", 0) <= 1e-4}
+sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not comparable" if bad else 0)' "$1"
+}
 # STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch
 STAGES=${STAGES:-variants models torch}
 if [[ $STAGES == *variants* ]]; then
-  python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt"
+  python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt" || status=1
 fi
-[[ $STAGES == *models* || $STAGES == *torch* ]] || exit 0
+[[ $STAGES == *models* || $STAGES == *torch* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
 python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
-for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do
-  [[ $STAGES == *models* ]] || break
-  python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} ${BENCH_ARGS:-} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing"
-done
-[[ $STAGES == *models* ]] && python3 -m webiree.cli bench /tmp/seed/matmul4096.onnx --runs 10 --json "$OUT/matmul4096.json"
-[[ $STAGES == *torch* ]] && python3 benchmarks/torch_reference.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/torch.json" ${MODELS:+--only $MODELS}
+if [[ $STAGES == *models* ]]; then  # webiree with the adapter's limits (bench's default), onnxruntime CPU
+  for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do
+    python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} ${BENCH_ARGS:-} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing" || status=1
+    right "$OUT/$m.json" || status=1
+  done
+  python3 -m webiree.cli bench /tmp/seed/matmul4096.onnx --runs 10 --json "$OUT/matmul4096.json" || status=1
+  right "$OUT/matmul4096.json" || status=1
+fi
+if [[ $STAGES == *torch* ]]; then  # the same models and inputs, checked against the same onnxruntime outputs
+  python3 benchmarks/torch_reference.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/torch.json" ${MODELS:+--only $MODELS} || status=1
+fi
+exit $status

@@ -2,10 +2,15 @@
 
     python benchmarks/matmul_variants.py [M,K,N ...] [--runs 20] [--chain R] [--limits default]
 
-For each problem shape it builds a one-MatMul model once per candidate KernelConfig
-(overriding `config.choose`), checks the result against numpy, and prints the median GPU
-time (timestamp queries where the adapter has them, else host time) and GFLOP/s, the
-heuristic's own choice marked with '*'. This is the measurement a tuning table is made from.
+For each problem shape it builds a one-MatMul model with the heuristic's own choice
+(the reference) and once per candidate KernelConfig (overriding `config.choose`), checks
+every result against numpy (fp64) to 1e-4 relative, warms each up (at least 3 runs and
+1 s, as `webiree bench` does), and prints the median time, GFLOP/s and the ratio to the
+heuristic's time measured in the same run; the candidate equal to the heuristic's choice
+is marked '*'. Each line says what its time is: 'GPU' (timestamp queries around the one
+dispatch, in its own pass) or 'host' (perf_counter around a whole run, inputs on the host
+to outputs on the host: where the adapter has no timestamp queries, and with --chain).
+Exits 1 if any variant is WRONG. This is the measurement a tuning table is made from.
 
 One dispatch timed alone (its own pass between timestamps) can mislead for small products,
 whose time is mostly latency. `--chain R` times instead a model of R pairs of products,
@@ -27,6 +32,8 @@ import webiree  # noqa: E402
 from webiree.compiler import program as P  # noqa: E402
 from webiree.wgsl_codegen import config as C  # noqa: E402
 from webiree.testing.models import make_model  # noqa: E402
+
+TOLERANCE = 1e-4  # max |y - ref| / max |ref|, ref in fp64
 
 
 def candidates(limits: dict):
@@ -59,7 +66,18 @@ def fits(cfg: C.KernelConfig, limits: dict) -> bool:
     return True
 
 
+def warm_up(fn, runs: int = 3, seconds: float = 1.0):
+    """At least `runs` calls and `seconds` of calls (GPUs raise their clocks only under load)."""
+    t_end = time.perf_counter() + seconds
+    n = 0
+    while n < runs or time.perf_counter() < t_end:
+        fn()
+        n += 1
+
+
 def time_config(m, k, n, cfg, limits, runs, tmp, chain=0):
+    """(median seconds, rel. error, the config the build used, 'GPU' or 'host') of `cfg`
+    (None: the heuristic's choice)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
@@ -92,23 +110,25 @@ def time_config(m, k, n, cfg, limits, runs, tmp, chain=0):
         if chain:
             ref = ref @ w2
     err = float(np.abs(y - ref).max() / np.abs(ref).max())
+    used = res.module.info["dispatches"][0]["config"]
     times = []
     if chain:
-        for _ in range(3):
-            sess.run(None, {"a": a})
+        warm_up(lambda: sess.run(None, {"a": a}))
         for _ in range(runs):
             t0 = time.perf_counter()
             sess.run(None, {"a": a})
             times.append((time.perf_counter() - t0) / chain)
-        return float(np.median(times)), err, res.module.info["dispatches"][0]["config"]
+        return float(np.median(times)), err, used, "host"
+    warm_up(lambda: sess.run(None, {"a": a}, profile=True))
+    clocks = set()
     for _ in range(runs):
         t0 = time.perf_counter()
         sess.run(None, {"a": a}, profile=True)
         host = time.perf_counter() - t0
         prof = sess.last_profile
         times.append(prof[0] / 1e9 if prof else host)
-    used = res.module.info["dispatches"][0]["config"]
-    return float(np.median(times)), err, used
+        clocks.add("GPU" if prof else "host")
+    return float(np.median(times)), err, used, "/".join(sorted(clocks))
 
 
 def main(argv):
@@ -125,25 +145,38 @@ def main(argv):
     from webiree.compiler.driver import resolve_limits
     limits = resolve_limits(which)
     print(f"adapter class {limits.get('device_class')}, subgroup size {limits.get('subgroup_size', 0)}")
+    wrong = []
     with tempfile.TemporaryDirectory() as tmp:
         for m, k, n in shapes:
             flops = 2.0 * m * k * n * (2 if chain else 1)
-            _, _, heuristic = time_config(m, k, n, None, limits, 1, Path(tmp) / "h")
-            what = f"{chain} pairs, time per pair" if chain else "one dispatch"
-            print(f"M={m} K={k} N={n} ({what}): heuristic {heuristic['strategy']} {heuristic['tile']}")
+
+            def line(mark, name, tile, t, err, clock, ref_t):
+                ok = "ok" if err <= TOLERANCE else f"WRONG {err:.1e}"  # NaN is WRONG too
+                if not err <= TOLERANCE:
+                    wrong.append(f"M={m} K={k} N={n} {name} {tile}")
+                print(f"  {mark} {name:28s} {tile:12s} {t * 1e3:9.3f} ms {clock:4s} {flops / t / 1e9:9.1f} GFLOP/s "
+                      f"{t / ref_t:6.2f}x heuristic  {ok}")
+
+            what = f"{chain} pairs as one submit, host time per pair" if chain else "one dispatch"
+            h_t, h_err, heuristic, h_clock = time_config(m, k, n, None, limits, runs, Path(tmp) / "h", chain)
+            print(f"M={m} K={k} N={n} ({what}; median of {runs} runs after warm-up; limits {which}):")
+            line("h", f"heuristic: {heuristic['strategy']}", str(tuple(heuristic["tile"])), h_t, h_err, h_clock, h_t)
             for cfg in candidates(limits):
                 if not fits(cfg, limits) or (cfg.vector == 4 and (n % 4 or k % 4)):
                     continue   # does not fit the limits, or needs vec4 rows this shape has not
                 try:
-                    t, err, used = time_config(m, k, n, cfg, limits, runs, Path(tmp) / "b", chain)
+                    t, err, used, clock = time_config(m, k, n, cfg, limits, runs, Path(tmp) / "b", chain)
                 except Exception as e:  # noqa: BLE001  (a variant that does not apply is reported)
                     print(f"    {cfg.strategy:20s} {str(cfg.tile):12s} not built: {str(e).splitlines()[0][:100]}")
                     continue
                 mark = "*" if (used["strategy"], list(used["tile"])) == (heuristic["strategy"], list(heuristic["tile"])) else " "
-                ok = "ok" if err < 1e-4 else f"WRONG {err:.1e}"
                 name = f"{cfg.strategy} {'x'.join(map(str, cfg.workgroup_size))}"
-                print(f"  {mark} {name:28s} {str(cfg.tile):12s} {t * 1e3:9.3f} ms {flops / t / 1e9:9.1f} GFLOP/s {ok}")
+                line(mark, name, str(cfg.tile), t, err, clock, h_t)
+    if wrong:
+        print(f"FAILED: {len(wrong)} result(s) differ from numpy by more than {TOLERANCE:.0e}: {wrong}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,16 @@
-"""Where one inference's host-to-host time goes (upload, encode, submit, wait, map, decode).
+"""Where one inference's host-to-host time goes (upload, encode, submit, wait, map).
 
     python benchmarks/overhead.py BUILD_DIR INPUTS.npz [--runs 50]
+
+All on one build and one adapter, medians of --runs runs after 10 warm-up runs:
+- upload, encode+submit, wait (GPU), map+copy: the steps of session.run's one submit,
+  timed one by one (they leave out encoding the inputs and decoding the outputs, which
+  session.run includes, so they sum to less than it);
+- session.run: the reference, host to host;
+- pipelined: back-to-back submits with no upload and no readback wait (GPU-bound rate);
+- chunks of C: the same build in InferenceSession(BUILD, submit_chunk=C), session.run
+  host to host like the reference; its outputs must equal the one-submit outputs to
+  1e-4 relative (else the script exits 1).
 """
 
 import sys
@@ -12,10 +22,20 @@ sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 import webiree  # noqa: E402
 from webiree.hal_webgpu import wgpu_driver  # noqa: E402
 
+
+def rel_err(got, ref) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if got.shape != ref.shape:
+        return float("inf")
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if ref.size else 0.0
+
+
 build, inputs = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[4]) if len(sys.argv) > 4 else 50
 sess = webiree.InferenceSession(build)
 feeds = dict(np.load(inputs))
+print(f"{build}: {len(sess.module.info['dispatches'])} dispatches; adapter "
+      f"{wgpu_driver.adapter_info().get('device', '?')}; medians of {runs} runs after 10 warm-up runs")
 for _ in range(10):
     sess.run(None, feeds)
 d, it = sess.driver, sess.interp
@@ -54,20 +74,22 @@ for _ in range(runs):
     d._submit_raw(enc, it.items)
 libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
 print(f"  pipelined      {(time.perf_counter() - t0) / runs * 1e3:7.3f} ms per inference (no readback wait)")
-# the same inference submitted in chunks of C dispatches: the GPU starts on the first chunk while
-# the host encodes the next (an experiment: sessions submit once per inference)
+# the same build submitted every C dispatches (InferenceSession(submit_chunk=C), `webiree bench
+# --submit-chunk C`): the GPU starts on the first part while the host encodes the rest
+ref = sess.run(None, feeds)
+n_disp = len(sess.module.info["dispatches"])
 for chunk in (16, 64):
-    parts = [it.items[i:i + chunk] for i in range(0, len(it.items), chunk)]
+    chunked = webiree.InferenceSession(build, submit_chunk=chunk)
+    err = max(rel_err(g, r) for g, r in zip(chunked.run(None, feeds), ref))
+    if not err <= 1e-4:  # NaN fails too
+        sys.exit(f"FAILED: chunks of {chunk}: outputs differ from the one-submit session's by {err:.1e} > 1e-4")
+    for _ in range(10):
+        chunked.run(None, feeds)
     ts = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        for index, buf, off in it.uploads:
-            d.write_buffer(buf, off, enc_feeds[sess.module.inputs[index].name])
-        for p in parts:
-            d._submit_raw(d.device.create_command_encoder(), p)
-        libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
-        it.readback.map_sync(wgpu.MapMode.READ, 0, max(it.readback_size, 4))
-        data = bytes(it.readback.read_mapped(0, max(it.readback_size, 4)))
-        it.readback.unmap()
+        chunked.run(None, feeds)
         ts.append((time.perf_counter() - t0) * 1e3)
-    print(f"  chunks of {chunk:<3d}  median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms (host to host, {len(parts)} submits)")
+    chunked.close()
+    print(f"  chunks of {chunk:<3d}  median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms "
+          f"(session.run, {-(-n_disp // chunk)} submits; outputs = one submit's to {err:.0e})")

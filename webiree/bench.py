@@ -44,6 +44,20 @@ def _median_ms(fn, runs: int, warmup: int, warm_seconds: float = 1.0) -> tuple[f
     return statistics.median(times), out
 
 
+def _max_rel_err(outs, refs) -> float:
+    """The worst output's error; inf when the output counts differ (a result that cannot be right)."""
+    outs, refs = list(outs), list(refs)
+    if len(outs) != len(refs):
+        return float("inf")
+    return max((_rel_err(g, r) for g, r in zip(outs, refs)), default=0.0)
+
+
+def wrong_results(report: dict) -> list[str]:
+    """Names of webiree's results above the fp32 tolerance (1e-4 of the output's scale; NaN too)."""
+    return [name for name, v in report["results"].items()
+            if name.startswith("webiree") and "error" not in v and not v["rel_err"] <= 1e-4]
+
+
 def _rel_err(got, ref) -> float:
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     if got.shape != ref.shape:
@@ -144,12 +158,12 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         ort_ms, ref = _median_ms(lambda: ref_sess.run(None, feeds), runs, warmup)
         report["results"]["onnxruntime-cpu"] = {"median_ms": ort_ms, "rel_err": 0.0}
         report["results"]["webiree"] = {"median_ms": wi_ms,
-                                        "rel_err": max(_rel_err(g, r) for g, r in zip(wi_out, ref))}
+                                        "rel_err": _max_rel_err(wi_out, ref)}
         if submit_chunk:   # the same build, submitted every `submit_chunk` dispatches
             chunked = InferenceSession(tmp / "site", submit_chunk=submit_chunk)
             ms, out = _median_ms(lambda: chunked.run(None, feeds), runs, warmup)
             report["results"][f"webiree-chunks-of-{submit_chunk}"] = {
-                "median_ms": ms, "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
+                "median_ms": ms, "rel_err": _max_rel_err(out, ref)}
             chunked.close()
         if spirv:   # the same kernels as SPIR-V executables (wgsl_codegen/spirv.py)
             try:
@@ -159,7 +173,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
                 spv_sess = InferenceSession(tmp / "site-spirv")
                 ms, out = _median_ms(lambda: spv_sess.run(None, feeds), runs, warmup)
                 report["results"]["webiree-spirv"] = {"median_ms": ms, "build_s": spirv_build_s,
-                                                      "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
+                                                      "rel_err": _max_rel_err(out, ref)}
                 del spv_sess
             except Exception as e:  # noqa: BLE001  (reported, like IREE's)
                 report["results"]["webiree-spirv"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -168,7 +182,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
                 try:
                     ms, out = _iree_run(model_path, feeds, backend, tmp, runs, warmup, iree_vulkan_target)
                     report["results"][f"iree-{backend}"] = {
-                        "median_ms": ms, "rel_err": max(_rel_err(g, r) for g, r in zip(out, ref))}
+                        "median_ms": ms, "rel_err": _max_rel_err(out, ref)}
                 except Exception as e:  # IREE is optional: report why it did not run
                     report["results"][f"iree-{backend}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
 
@@ -203,7 +217,9 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
 def _print(r: dict, log):
     a = r["adapter"]
     log(f"model {r['model']}: {r['dispatches']} dispatches, built in {r['build_s']:.1f} s; "
-        f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); median of {r['runs']} runs")
+        f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); webiree limits {r['limits']}"
+        + (f", IREE vulkan target {r['iree_vulkan_target']}" if any(k.startswith("iree") for k in r["results"]) else "")
+        + f"; median of {r['runs']} runs")
     base = r["results"]["webiree"]["median_ms"]
     for name, v in r["results"].items():
         if "error" in v:

@@ -168,14 +168,19 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench
+    from .bench import bench, wrong_results
     from .errors import ModelError
 
     if not Path(args.model).is_file():
         raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
-    bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
+    report = bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
           _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target,
           spirv=args.spirv, submit_chunk=args.submit_chunk)
+    wrong = wrong_results(report)
+    if wrong:
+        print(f"webiree bench: {', '.join(wrong)} differ from onnxruntime by more than 1e-4 of the output's "
+              "scale: the timings above are of wrong results", file=sys.stderr)
+        return 1
     return 0
 
 
