@@ -29,7 +29,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 import webiree  # noqa: E402
-from webiree.compiler import program as P  # noqa: E402
+from webiree.ir import program as P  # noqa: E402
 from webiree.wgsl_codegen import config as C  # noqa: E402
 from webiree.testing.models import make_model  # noqa: E402
 

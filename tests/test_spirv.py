@@ -25,7 +25,8 @@ from tests.conftest import assert_close, ort_run
 from tests.test_ops import single, vi
 from webiree.compiler.driver import compile_model
 from webiree.testing import models
-from webiree.wgsl_codegen import kir, spirv, wgsl
+from webiree.ir import kir
+from webiree.wgsl_codegen import spirv, wgsl
 
 
 
@@ -198,7 +199,7 @@ def test_unknown_target_is_a_clear_error():
 
 def _edge_kernel():
     """Every scalar rule that differs between WGSL and a naive SPIR-V translation."""
-    from webiree.wgsl_codegen.kir import (Assign, Barrier, Decl, For, If, Let, LocalArray, SStore, Store, f32, i32,
+    from webiree.ir.kir import (Assign, Barrier, Decl, For, If, Let, LocalArray, SStore, Store, f32, i32,
                                           lvar)
     o = lvar("o", "i32")
     a = kir.load("b0", o, "i32")

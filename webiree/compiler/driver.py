@@ -19,7 +19,7 @@ from ..errors import CompilerBug, LimitsError, WebireeError
 from ..module import format as F
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
-from ..wgsl_codegen import kir
+from ..ir import kir
 from ..wgsl_codegen import wgsl
 from . import memory, passes
 from .importer import import_model
@@ -229,7 +229,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
     outputs = [io(n, shown) for n, shown in zip(prog.outputs, prog.output_names)]
     commands = [(F.OP_UPLOAD_INPUT, i) for i in range(len(inputs))]
     info_dispatches = []
-    from .program import op_flops
+    from ..ir.program import op_flops
     for d, ex, op in zip(dispatches, exec_of, prog.ops):
         binds = []
         for slot, tensor in enumerate(d.tensors):

@@ -24,12 +24,12 @@ import onnx
 from onnx import helper
 
 from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, WebireeError
-from ..wgsl_codegen import kir
-from ..wgsl_codegen.kir import Expr
+from ..ir import kir
+from ..ir.kir import Expr
 from .expand import expand_function
 from .graph import ONNX_TYPE_NAMES, Graph, Node, internal_dtype, internal_of_numpy
-from .program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
-from .program import O as OUT_INDEX
+from ..ir.program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
+from ..ir.program import O as OUT_INDEX
 
 MAX_ELEMENTS = (1 << 31) - 1         # i32 index math
 MAX_FOLD_ELEMENTS = 1 << 25          # largest value constant folding may compute (32M elements)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import LimitsError
-from .program import Program
+from ..ir.program import Program
 
 
 def align(n: int, a: int) -> int:

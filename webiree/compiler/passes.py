@@ -20,8 +20,8 @@ No rule may exceed the number of storage buffers one kernel can bind.
 
 from __future__ import annotations
 
-from ..wgsl_codegen import kir
-from .program import O, Anchor, Generic, Program
+from ..ir import kir
+from ..ir.program import O, Anchor, Generic, Program
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
 PROLOGUE_COST = 24  # a producer this cheap may be recomputed inside an anchor's input loads

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..compiler import program as P
+from ..ir import program as P
 
 # WebGPU's default limits: what every adapter offers, so a site built with them runs anywhere.
 DEFAULT_LIMITS = {

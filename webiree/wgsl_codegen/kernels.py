@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler import program as P
-from ..compiler.program import O, numel, strides_of
+from ..ir import program as P
+from ..ir.program import O, numel, strides_of
 from ..errors import LimitsError
-from . import kir
+from ..ir import kir
 from .config import KernelConfig
-from .kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
+from ..ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 
 NEG_INF = float("-inf")
 
@@ -911,4 +911,4 @@ BUILDERS.update({
 })
 
 __all__ = ["Dispatch", "build", "builder_for", "grid_for", "strides_of"]
-from . import kernels_extra  # noqa: E402,F401  (registers the builders of program_extra op kinds)
+from . import kernels_extra  # noqa: E402,F401  (registers the Loop builder)

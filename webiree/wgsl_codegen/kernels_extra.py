@@ -1,12 +1,12 @@
-"""Builders for the op kinds of compiler/program_extra.py (registered with `builder_for`)."""
+"""The builder of the Loop op kind (ir/program.py; registered with `builder_for`)."""
 
 from __future__ import annotations
 
-from ..compiler.program import O, numel
-from ..compiler.program_extra import LOOP_K, Loop, acc_vars
-from . import kir
+from ..ir.program import O, numel
+from ..ir.program import LOOP_K, Loop, acc_vars
+from ..ir import kir
 from .kernels import builder_for, epilogue, grid_for, lid, linear_wid
-from .kir import Assign, Decl, For, If, Let, Store, i32
+from ..ir.kir import Assign, Decl, For, If, Let, Store, i32
 
 
 @builder_for(Loop)

@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 import struct
 
-from . import kir
-from .kir import Expr
+from ..ir import kir
+from ..ir.kir import Expr
 
 MAGIC = 0x07230203
 VERSION_1_3 = 0x00010300

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import struct
 
-from . import kir
-from .kir import Expr
+from ..ir import kir
+from ..ir.kir import Expr
 
 STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32", "vec4f": "vec4<f32>"}
 

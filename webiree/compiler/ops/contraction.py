@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ..program import MatMul
+from ...ir.program import MatMul
 from . import Unsupported, register
 from .common import broadcast_shapes
 
@@ -83,7 +83,7 @@ def det(ctx, node):
         raise Unsupported(f"Det of {n}x{n} matrices (only up to 4x4)")
     if ctx.dtype(x) != "f32":
         raise Unsupported("Det on non-float tensors")
-    from ...wgsl_codegen import kir
+    from ...ir import kir
 
     def rule(cs):
         total = None

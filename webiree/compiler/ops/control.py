@@ -23,8 +23,8 @@ import numpy as np
 from onnx import helper
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import select
+from ...ir import kir
+from ...ir.kir import select
 from ..expand import inline_graph
 from ..graph import Node
 from . import Unsupported, register

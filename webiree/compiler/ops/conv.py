@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
-from ..program import Conv, MatMul, Pool, Reduce
+from ...ir.program import Conv, MatMul, Pool, Reduce
 from . import Unsupported, register
 from .shape import pad_params
 
@@ -199,7 +199,7 @@ def batchnorm(ctx, node):
         ctx.generic(node.outputs[0], xs, "f32",
                     lambda cs: ctx.read(x, cs) * ctx.read(name_a, [cs[1]]) + ctx.read(name_b, [cs[1]]))
         return
-    from ...wgsl_codegen import kir
+    from ...ir import kir
 
     def rule(cs):
         c = [cs[1]]

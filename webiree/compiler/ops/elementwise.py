@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import Expr, f32, select
+from ...ir import kir
+from ...ir.kir import Expr, f32, select
 from . import Unsupported, register
 from .common import INT_BITS, ONNX_TO_INTERNAL, broadcast_shapes, onnx_type
 

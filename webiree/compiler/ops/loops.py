@@ -1,5 +1,5 @@
 """Ops whose output elements are sequential folds: they lower to the `Loop`
-kind (compiler/program_extra.py), one invocation per output element.
+kind (ir/program.py), one invocation per output element.
 
 CumSum, CumProd, ScatterElements (and the old Scatter), ScatterND, TopK,
 Hardmax, ConvTranspose, Col2Im, DeformConv, RoiAlign, DFT, STFT, MaxUnpool,
@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import f32, select
-from ..program import O, coords_of, flat_of, numel
-from ..program_extra import LOOP_K, Loop, acc_vars
+from ...ir import kir
+from ...ir.kir import f32, select
+from ...ir.program import O, coords_of, flat_of, numel
+from ...ir.program import LOOP_K, Loop, acc_vars
 from . import Unsupported, register
 from .common import const_ints, const_scalar, norm_axis
 

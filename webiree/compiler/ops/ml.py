@@ -3,8 +3,8 @@ math: Binarizer and ArrayFeatureExtractor (registered as "ai.onnx.ml.<Op>")."""
 
 from __future__ import annotations
 
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import select
+from ...ir import kir
+from ...ir.kir import select
 from . import Unsupported, register
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import f32, select
+from ...ir import kir
+from ...ir.kir import f32, select
 from ..graph import internal_dtype
 from . import Unsupported, register
 from .common import norm_axis

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ..program import LayerNorm, numel
+from ...ir import kir
+from ...ir.program import LayerNorm, numel
 from . import Unsupported, register
 from .common import norm_axis
 from .reduce import emit_reduce

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import helper
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
+from ...ir import kir
 from ..graph import Node, internal_dtype
 from . import Unsupported, register
 from .common import INT_BITS, onnx_type

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...wgsl_codegen import kir
-from ..program import LayerNorm, Reduce, Softmax
+from ...ir import kir
+from ...ir.program import LayerNorm, Reduce, Softmax
 from . import Unsupported, register
 from .common import const_ints, norm_axis
 

@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import f32, select
+from ...ir import kir
+from ...ir.kir import f32, select
 from . import Unsupported, register
 from .common import norm_axis
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import f32, select
-from ..program import MatMul
+from ...ir import kir
+from ...ir.kir import f32, select
+from ...ir.program import MatMul
 from . import Unsupported, register
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}

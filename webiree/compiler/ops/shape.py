@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ...wgsl_codegen import kir
-from ...wgsl_codegen.kir import select
+from ...ir import kir
+from ...ir.kir import select
 from . import Unsupported, register
 from .common import broadcast_shapes, const_ints, norm_axis
 
