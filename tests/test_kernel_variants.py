@@ -1,9 +1,9 @@
 """Every kernel variant the config can choose, against onnxruntime.
 
 GPU variants come from WebGPU's default limits: the vec4 workgroup-memory matmul
-(`kernels._matmul_shared_vec4`) and the scalar one it falls back to. CPU variants come
+(`kernels/matmul.py`, `_matmul_shared_vec4`) and the scalar one it falls back to. CPU variants come
 from `device_class: cpu` plus, where the adapter has them, subgroups: the
-subgroup-broadcast matmul (`kernels._matmul_subgroup`), the register-blocked matmul it
+subgroup-broadcast matmul (`kernels/matmul.py`, `_matmul_subgroup`), the register-blocked matmul it
 falls back to, and the row-per-invocation softmax / layernorm. The CI adapter is lavapipe,
 whose subgroup size is 8.
 """

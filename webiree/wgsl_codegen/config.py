@@ -9,9 +9,9 @@ storage bytes, workgroups per dimension).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 from ..ir import program as P
+from .kernels.common import KernelConfig
+from .kernels.matmul import matmul_subgroup_ok, matmul_vec4_ok
 
 # WebGPU's default limits: what every adapter offers, so a site built with them runs anywhere.
 DEFAULT_LIMITS = {
@@ -33,17 +33,6 @@ DEFAULT_LIMITS = {
 GPU_FILL_WORKGROUPS = 256
 
 
-@dataclass
-class KernelConfig:
-    workgroup_size: tuple[int, int, int]
-    tile: tuple = ()            # matmul: (rows per thread, cols per thread, k step); conv: (out channels per thread,)
-    vector: int = 1
-    strategy: str = ""          # a name for the kernel variant
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
 def _pow2_at_most(n: int, cap: int) -> int:
     p = 1
     while p * 2 <= min(n, cap):
@@ -53,7 +42,7 @@ def _pow2_at_most(n: int, cap: int) -> int:
 
 def subgroup_matmuls(limits: dict) -> bool:
     """CPU adapters whose workgroup of subgroup_size invocations is one subgroup get the
-    subgroup-broadcast matmul (kernels._matmul_subgroup)."""
+    subgroup-broadcast matmul (kernels/matmul.py)."""
     return limits.get("device_class") == "cpu" and limits.get("subgroup_size", 0) in (4, 8, 16)
 
 
@@ -61,7 +50,6 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
     inv = limits["max_compute_invocations_per_workgroup"]
     cpu = limits.get("device_class") == "cpu"
     if isinstance(op, P.MatMul) and subgroup_matmuls(limits):
-        from .kernels import matmul_subgroup_ok, matmul_vec4_ok
         if matmul_subgroup_ok(op):
             # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
             # RM x RN slots of accumulators (128 floats either way) per invocation.
@@ -79,7 +67,6 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
         # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
         # columns) streams B fewer times; measured 11.6 GFLOP/s vs 1 for 4x1 blocks on lavapipe.
-        from .kernels import matmul_vec4_ok
         vec = 4 if matmul_vec4_ok(op) else 1
         cols = -(-op.n // vec)
         wx = 8
@@ -98,7 +85,6 @@ def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
         # 128x512x128 product, 0.309 vs 0.387 ms for 128x1536x384.
         return KernelConfig((8, 8, 4), (1, 1, 16), 1, "split-k")
     if isinstance(op, P.MatMul) and not cpu:
-        from .kernels import matmul_subgroup_ok, matmul_vec4_ok
         if matmul_vec4_ok(op) and matmul_subgroup_ok(op) and op.a not in op.prologues and inv >= 256 and \
                 limits["max_compute_workgroup_size_x"] >= 16 and limits["max_compute_workgroup_size_y"] >= 16:
             # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest

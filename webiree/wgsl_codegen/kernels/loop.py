@@ -1,15 +1,14 @@
-"""The builder of the Loop op kind (ir/program.py; registered with `builder_for`)."""
+"""Loop: one invocation per output element, folding its steps sequentially (ir/program.py)."""
 
 from __future__ import annotations
 
-from ..ir.program import O, numel
-from ..ir.program import LOOP_K, Loop, acc_vars
-from ..ir import kir
-from .kernels import builder_for, epilogue, grid_for, lid, linear_wid
-from ..ir.kir import Assign, Decl, For, If, Let, Store, i32
+from ...ir.program import O, numel
+from ...ir import kir
+from ...ir.kir import Assign, Decl, For, If, Let, Store, i32
+from .common import grid_for, linear_wid, lid, epilogue
+from ...ir.program import LOOP_K, Loop, acc_vars
 
 
-@builder_for(Loop)
 def build_loop(op: Loop, prog, cfg, limits, b):
     """One invocation per output element, folding `count` steps sequentially."""
     wg = cfg.workgroup_size[0]

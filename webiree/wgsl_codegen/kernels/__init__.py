@@ -1,0 +1,49 @@
+"""Kernel builders by family: one canonical op + its KernelConfig -> a kernel-IR Kernel.
+
+Each family module holds the builders of its op kinds; they only read the
+configuration chosen by the planner (`config.py`) and never pick sizes
+themselves. The result is target-neutral kernel IR (ir/kir.py), rendered to
+WGSL by wgsl.py and to SPIR-V by spirv.py.
+
+| family          | op kinds             | module          |
+|-----------------|----------------------|-----------------|
+| elementwise     | Generic              | elementwise.py  |
+| matmul          | MatMul               | matmul.py       |
+| convolution     | Conv                 | conv.py         |
+| pool / reduce   | Pool, Reduce         | pool_reduce.py  |
+| norm / softmax  | Softmax, LayerNorm   | norm_softmax.py |
+| loop            | Loop                 | loop.py         |
+"""
+
+from __future__ import annotations
+
+from ...errors import LimitsError
+from ...ir import kir
+from ...ir import program as P
+from .common import Binder, Dispatch, KernelConfig, grid_for
+from .conv import build_conv
+from .elementwise import build_generic
+from .loop import build_loop
+from .matmul import build_matmul
+from .norm_softmax import build_layernorm, build_softmax
+from .pool_reduce import build_pool, build_reduce
+
+# canonical op class -> builder(op, prog, cfg, limits, binder) -> (body, shared arrays, grid)
+BUILDERS = {
+    P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
+    P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm, P.Loop: build_loop,
+}
+
+
+def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatch:
+    builder = BUILDERS[type(op)]
+    b = Binder(prog, getattr(op, "prologues", None))
+    body, shared, grid = builder(op, prog, cfg, limits, b)
+    kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
+    if len(kernel.bindings) > limits["max_storage_buffers_per_shader_stage"]:
+        raise LimitsError(f"dispatch {op.name} needs {len(kernel.bindings)} storage buffers, above the limit of "
+                          f"{limits['max_storage_buffers_per_shader_stage']}")
+    return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, b.tensors)
+
+
+__all__ = ["BUILDERS", "Dispatch", "KernelConfig", "build", "grid_for"]

@@ -1,0 +1,390 @@
+"""The matmul family: every strategy for a batched contraction, and the prerequisite
+checks the planner (config.py) asks before choosing one."""
+
+from __future__ import annotations
+
+from ...ir import program as P
+from ...ir.program import numel
+from ...ir import kir
+from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
+from ...errors import LimitsError
+from .common import Binder, lid, epilogue
+
+
+def _batch_offsets(op: P.MatMul):
+    """(batch index expr, A's element offset, B's element offset) for workgroup z."""
+    bz = kir.cast(kir.WID[2], "i32")
+    bcoords = P.coords_of(bz, op.batch) if op.batch else []
+
+    def offset(shape):
+        if not shape:
+            return i32(0)
+        k = len(op.batch) - len(shape)
+        cs = [i32(0) if shape[i] == 1 else bcoords[k + i] for i in range(len(shape))]
+        return P.flat_of(cs, shape)
+    return bz, offset(op.a_batch) * (op.m * op.k), offset(op.b_batch) * (op.k * op.n)
+
+
+def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
+    if numel(op.batch) > limits["max_compute_workgroups_per_dimension"]:
+        raise LimitsError(f"MatMul batch {numel(op.batch)} exceeds the workgroups per dimension limit")
+    if cfg.strategy == "subgroup-broadcast":
+        return _matmul_subgroup(op, prog, cfg, limits, b)
+    if cfg.strategy == "tiled-shared-vec4":
+        return _matmul_shared_vec4(op, prog, cfg, limits, b)
+    if cfg.strategy == "split-k":
+        return _matmul_split_k(op, prog, cfg, limits, b)
+    if cfg.strategy == "register-blocked":
+        return _matmul_registers(op, prog, cfg, limits, b)
+    return _matmul_shared(op, prog, cfg, limits, b)
+
+
+def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str) -> list:
+    """Append Let nc{j} = column slot n0 + j*stride (clamped to the last slot) and zeroed
+    accumulators acc{i}_{j} (f32 or vec4f) to `body`; return the nc{j} variables."""
+    for j in range(rn):
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * stride, slots - 1)))
+        for i in range(rm):
+            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if acc_t == "vec4f" else f32(0.0)))
+    return [lvar(f"nc{j}", "i32") for j in range(rn)]
+
+
+def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """No workgroup memory, no barriers: invocation x owns column slots n0 + x + j*WX (j < RN)
+    of RM consecutive rows, a slot being one column or, with cfg.vector == 4, a vec4 of 4
+    adjacent columns. Lanes read consecutive B slots; A reads are uniform across the
+    workgroup. Suits CPU adapters (lavapipe vectorizes across invocations)."""
+    wx = cfg.workgroup_size[0]
+    rm, rn, uk = cfg.tile
+    vec = cfg.vector
+    M, N, K = op.m, op.n, op.k
+    slots = N // vec
+    acc_t = "vec4f" if vec == 4 else "f32"
+    bz, a_off, b_off = _batch_offsets(op)
+    body = [Let("a_off", a_off), Let("b_offv", b_off // vec),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
+    a_off, b_offv = lvar("a_off", "i32"), lvar("b_offv", "i32")
+    for i in range(rm):
+        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
+    nc = _slots_and_accumulators(body, n0, wx, slots, rm, rn, acc_t)
+    mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
+
+    def step(k):
+        stmts = []
+        for i in range(rm):
+            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))
+            stmts.append(Let(f"a{i}", kir.splat(a) if vec == 4 else a))
+        for j in range(rn):
+            if vec == 4:   # matmul_vec4_ok: B row-major, no prologue
+                bv = b.load4(op.b, b_offv + k * slots + nc[j])
+            else:
+                bv = b.load(op.b, b_offv + (nc[j] * K + k if op.trans_b else k * N + nc[j]))
+            stmts.append(Let(f"b{j}", bv))
+        for i in range(rm):
+            for j in range(rn):
+                acc = lvar(f"acc{i}_{j}", acc_t)
+                stmts.append(Assign(f"acc{i}_{j}", acc + lvar(f"a{i}", acc_t) * lvar(f"b{j}", acc_t)))
+        return stmts
+    k0 = lvar("k0", "i32")
+    main = K - K % uk
+    if main:
+        inner = [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True) for kk in range(uk)]
+        body.append(For("k0", i32(0), i32(main), inner, step=uk))
+    for k in range(main, K):
+        body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
+                                            for i in range(rm) for j in range(rn)], vec)
+    return body, [], (-(-slots // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
+    """Stores of register-block accumulators: `blocks` = [(acc name, row, column slot)], a slot
+    being `vec` (1 or 4) adjacent columns. A plain f32 vec4 result is one vec4 store; otherwise
+    each column goes through alpha and the fused epilogue."""
+    M, N = op.m, op.n
+    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
+    out = b.name(op.out, vec=plain)
+    acc_t = "vec4f" if vec == 4 else "f32"
+    body = []
+    for name, r, c in blocks:
+        o = bz * (M * N) + r * N + c * vec
+        acc = lvar(name, acc_t)
+        cond = kir.binary("and", r < M, c < N // vec)
+        if plain:
+            body.append(If(cond, [Store(out, o // 4, acc)]))
+            continue
+        stores = [Let(f"o_{name}", o)]
+        oo = lvar(f"o_{name}", "i32")
+        for q in range(vec):
+            v = kir.lane(acc, q) if vec == 4 else acc
+            if op.alpha != 1.0:
+                v = v * op.alpha
+            stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
+        body.append(If(cond, stores))
+    return body
+
+
+def matmul_vec4_ok(op: P.MatMul) -> bool:
+    """B and C can be read and written as vec4 rows."""
+    return op.n % 4 == 0 and not op.trans_b and op.b not in op.prologues
+
+
+def matmul_subgroup_ok(op: P.MatMul) -> bool:
+    """A can be read as vec4 along K (row-major, K a multiple of 4; four computed values where
+    a prologue produces A); B is read row by row."""
+    return not op.trans_a and op.k % 4 == 0 and not op.trans_b
+
+
+def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """For CPU adapters whose workgroup of S invocations is one subgroup (lavapipe: S = 8, one SIMD
+    register). There every storage load costs a scalar loop over the lanes, so each loaded value
+    must be useful: invocation x owns column slots n0 + x + j*S (j < RN; a slot is a vec4 of
+    columns when cfg.vector == 4, one column otherwise) of RM rows, and for each row loads
+    A[row, k0 + 4x .. 4x + 3]: one vec4 load per invocation brings 4*S values of K, which
+    subgroupBroadcast hands to every invocation. Measured on 128x384x1536: 31 GFLOP/s vs 12.5
+    for the register-blocked kernel, which loads the same A value in every invocation."""
+    S = cfg.workgroup_size[0]
+    rm, rn, kb = cfg.tile            # kb = 4 * S: the K values one A load per invocation covers
+    vec = cfg.vector
+    M, N, K = op.m, op.n, op.k
+    slots, K4 = N // vec, K // 4
+    acc_t = "vec4f" if vec == 4 else "f32"
+    bz, a_off, b_off = _batch_offsets(op)
+    body = [Let("a_off4", a_off // 4), Let("b_offv", b_off // vec),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (S * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
+    a_off4, b_offv = lvar("a_off4", "i32"), lvar("b_offv", "i32")
+    for i in range(rm):
+        body.append(Let(f"ar{i}", a_off4 + kir.minimum(m0 + i, M - 1) * K4))
+    nc = _slots_and_accumulators(body, n0, S, slots, rm, rn, acc_t)
+    ar = [lvar(f"ar{i}", "i32") for i in range(rm)]
+    load_b = b.load4 if vec == 4 else b.load
+
+    def block(k0, a_col4, steps):
+        """`steps` values of K from k0: one A load per row, then broadcast and multiply."""
+        stmts = [Let(f"av{i}", b.load4(op.a, ar[i] + a_col4)) for i in range(rm)]
+        for kk in range(steps):
+            src, q = kk // 4, kk % 4
+            stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
+            for i in range(rm):
+                if q == 0:
+                    stmts.append(Let(f"s{i}_{src}", kir.subgroup_broadcast(lvar(f"av{i}", "vec4f"), src)))
+                a = kir.lane(lvar(f"s{i}_{src}", "vec4f"), q)
+                a = kir.splat(a) if vec == 4 else a
+                for j in range(rn):
+                    acc = lvar(f"acc{i}_{j}", acc_t)
+                    stmts.append(Assign(f"acc{i}_{j}", kir.fma(a, lvar(f"b{kk}_{j}", acc_t), acc)))
+        return stmts
+    k0 = lvar("k0", "i32")
+    main = K - K % kb
+    if main:
+        body.append(For("k0", i32(0), i32(main), block(k0, k0 // 4 + lid(), kb), step=kb))
+    if K % kb:   # the tail: invocations past its end re-read its last vec4 (never broadcast)
+        tail = K % kb
+        body.append(kir.For("tail", i32(0), i32(1),
+                            block(i32(main), main // 4 + kir.minimum(lid(), tail // 4 - 1), tail), unroll=True))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * S)
+                                            for i in range(rm) for j in range(rn)], vec)
+    return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """GPUs, A and B both readable as vec4 (matmul_vec4_ok and matmul_subgroup_ok): a
+    (16*RM) x (16*4*RN) output tile per workgroup of 16x16 invocations, K in steps of 8.
+    Each step every invocation copies (about) one vec4 of A and one of B into workgroup
+    memory, where A keeps its [row][k] layout (a vec4 holds 4 values of K) and B its
+    [k][column] layout; invocation (x, y) then owns rows y*RM .. y*RM+RM-1 and the vec4
+    columns x + 16j (j < RN), reading RM + 4*RN vec4s of workgroup memory per 4 values of K
+    for 16*RM*RN multiply-adds."""
+    wx, wy, _ = cfg.workgroup_size
+    rm, rn, bk = cfg.tile
+    M, N, K = op.m, op.n, op.k
+    N4, K4, BK4 = N // 4, K // 4, bk // 4
+    tm, tn4 = wy * rm, wx * rn
+    nthreads = wx * wy
+    bz, a_off_e, b_off_e = _batch_offsets(op)
+    tx, ty, li = lid(0), lid(1), kir.cast(kir.LINDEX, "i32")
+    body = [Let("a_off4", a_off_e // 4), Let("b_off4", b_off_e // 4),
+            Let("m0", kir.cast(kir.WID[1], "i32") * tm), Let("n04", kir.cast(kir.WID[0], "i32") * tn4)]
+    a_off4, b_off4 = lvar("a_off4", "i32"), lvar("b_off4", "i32")
+    m0, n04, k0 = lvar("m0", "i32"), lvar("n04", "i32"), lvar("k0", "i32")
+    for i in range(rm):
+        for j in range(rn):
+            body.append(Decl(f"acc{i}_{j}", "vec4f", kir.splat(f32(0.0))))
+    zero4 = kir.splat(f32(0.0))
+
+    def copies(shared, total, value_at):
+        """[(register, value_at(idx), idx, guard)] spreading shared[idx] = value_at(idx) for
+        idx < total over the invocations; guard is None where every invocation takes part."""
+        out = []
+        for step in range(-(-total // nthreads)):
+            idx = li + step * nthreads
+            out.append((f"p{shared}{step}", value_at, idx, None if (step + 1) * nthreads <= total else idx < total))
+        return out
+
+    def a_at(idx, k0):   # row idx / BK4 of the tile, vec4 idx % BK4 of the K step
+        r, c = idx // BK4, idx % BK4
+        k4 = k0 // 4 + c
+        v = b.load4(op.a, a_off4 + kir.minimum(m0 + r, M - 1) * K4 + kir.minimum(k4, K4 - 1))
+        return select(k4 < K4, v, zero4)
+
+    def b_at(idx, k0):   # row (k) idx / tn4 of the step, vec4 column idx % tn4 of the tile
+        kk, c = idx // tn4, idx % tn4
+        v = b.load4(op.b, b_off4 + kir.minimum(k0 + kk, K - 1) * N4 + kir.minimum(n04 + c, N4 - 1))
+        return select(k0 + kk < K, v, zero4)
+
+    # The next K step's values are loaded into registers while this step computes (prefetch),
+    # so the global-memory latency hides behind the multiply-adds.
+    regs = [("As", *c) for c in copies("As", tm * BK4, a_at)] + [("Bs", *c) for c in copies("Bs", bk * tn4, b_at)]
+    for _, reg, value_at, idx, guard in regs:
+        body.append(Decl(reg, "vec4f", value_at(idx, i32(0))))
+    inner = []
+    for shared, reg, _, idx, guard in regs:
+        st = SStore(shared, idx, lvar(reg, "vec4f"))
+        inner.append(st if guard is None else If(guard, [st]))
+    inner.append(Barrier())
+    inner += [Assign(reg, value_at(idx, k0 + bk)) for _, reg, value_at, idx, _ in regs]
+    for kk4 in range(BK4):
+        for i in range(rm):
+            inner.append(Let(f"a{kk4}_{i}", kir.sload("As", (ty * rm + i) * BK4 + kk4, "vec4f")))
+        for q in range(4):
+            for j in range(rn):
+                inner.append(Let(f"b{kk4}_{q}_{j}", kir.sload("Bs", (kk4 * 4 + q) * tn4 + tx + j * wx, "vec4f")))
+            for i in range(rm):
+                a = kir.splat(kir.lane(lvar(f"a{kk4}_{i}", "vec4f"), q))
+                for j in range(rn):
+                    acc = lvar(f"acc{i}_{j}", "vec4f")
+                    inner.append(Assign(f"acc{i}_{j}", kir.fma(a, lvar(f"b{kk4}_{q}_{j}", "vec4f"), acc)))
+    inner.append(Barrier())
+    body.append(For("k0", i32(0), i32(K), inner, step=bk))
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + ty * rm + i, n04 + tx + j * wx)
+                                            for i in range(rm) for j in range(rn)], 4)
+    shared = [kir.SharedArray("As", "vec4f", tm * BK4), kir.SharedArray("Bs", "vec4f", bk * tn4)]
+    return body, shared, (-(-N4 // tn4), -(-M // tm), max(numel(op.batch), 1))
+
+
+def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Small products with a long K (BERT's 128 x 512 x 128) on GPUs: a workgroup of WX x WY x
+    KS invocations computes a WY x WX output tile, slice z of the invocations taking every
+    KS-th step of TK values of K; the KS partial sums meet in workgroup memory. A GPU gets
+    more, shorter workgroups than one K loop per output tile gives it."""
+    wx, wy, ks = cfg.workgroup_size
+    _, _, tk = cfg.tile
+    M, N, K = op.m, op.n, op.k
+    per = wx * wy
+    steps = -(-K // (tk * ks))          # K steps each slice takes (all slices alike: barriers)
+    bz, a_off_e, b_off_e = _batch_offsets(op)
+    tx, ty, tz = lid(0), lid(1), lid(2)
+    li = tx + ty * wx                    # index within the slice
+    body = [Let("a_off", a_off_e), Let("b_off", b_off_e),
+            Let("m0", kir.cast(kir.WID[1], "i32") * wy), Let("n0", kir.cast(kir.WID[0], "i32") * wx),
+            Decl("acc", "f32", f32(0.0))]
+    a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
+    m0, n0, s = lvar("m0", "i32"), lvar("n0", "i32"), lvar("s", "i32")
+    kb = lvar("kb", "i32")
+    a_sh, b_sh = tz * (tk * wy), tz * (tk * wx)     # this slice's part of As / Bs
+
+    def fill(shared, base, rows, elem, bound, k_fastest):
+        out = []
+        for step in range(-(-(tk * rows) // per)):
+            idx = li + step * per
+            r, kk = (idx // tk, idx % tk) if k_fastest else (idx % rows, idx // rows)
+            inb = kir.binary("and", bound(r), kb + kk < K)
+            st = [If(inb, [SStore(shared, base + kk * rows + r, elem(r, kb + kk))],
+                     [SStore(shared, base + kk * rows + r, f32(0.0))])]
+            out += st if (step + 1) * per <= tk * rows else [If(idx < tk * rows, st)]
+        return out
+
+    a_elem = lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k))  # noqa: E731
+    b_elem = lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c))  # noqa: E731
+    inner = [Let("kb", (s * ks + tz) * tk)]
+    inner += fill("As", a_sh, wy, a_elem, lambda r: m0 + r < M, not op.trans_a)
+    inner += fill("Bs", b_sh, wx, b_elem, lambda c: n0 + c < N, op.trans_b)
+    inner.append(Barrier())
+    for kk in range(tk):
+        inner.append(Assign("acc", kir.fma(kir.sload("As", a_sh + kk * wy + ty, "f32"),
+                                           kir.sload("Bs", b_sh + kk * wx + tx, "f32"), lvar("acc", "f32"))))
+    inner.append(Barrier())
+    body.append(For("s", i32(0), i32(steps), inner))
+    body += [SStore("red", tz * per + li, lvar("acc", "f32")), Barrier()]
+    total = kir.sload("red", li, "f32")
+    for z in range(1, ks):
+        total = total + kir.sload("red", z * per + li, "f32")
+    r, c = m0 + ty, n0 + tx
+    o = bz * (M * N) + r * N + c
+    val = total * op.alpha if op.alpha != 1.0 else total
+    out = b.name(op.out)
+    body.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)),
+                   [Let("sum", val), Store(out, o, epilogue(op, b, lvar("sum", "f32"), o))]))
+    shared = [kir.SharedArray("As", "f32", ks * tk * wy), kir.SharedArray("Bs", "f32", ks * tk * wx),
+              kir.SharedArray("red", "f32", ks * per)]
+    return body, shared, (-(-N // wx), -(-M // wy), max(numel(op.batch), 1))
+
+
+def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Workgroup-memory tiles: (WY*RM) x (WX*RN) outputs per workgroup, K in steps of TK."""
+    wx, wy, _ = cfg.workgroup_size
+    rm, rn, tk = cfg.tile
+    tm, tn = wy * rm, wx * rn
+    M, N, K = op.m, op.n, op.k
+    nthreads = wx * wy
+    bz, a_off_e, b_off_e = _batch_offsets(op)
+    tx, ty = lid(0), lid(1)
+    m0 = kir.cast(kir.WID[1], "i32") * tm
+    n0 = kir.cast(kir.WID[0], "i32") * tn
+    li = kir.cast(kir.LINDEX, "i32")
+    k0 = lvar("k0", "i32")
+    body = [Let("a_off", a_off_e), Let("b_off", b_off_e), Let("m0", m0), Let("n0", n0)]
+    a_off, b_off = lvar("a_off", "i32"), lvar("b_off", "i32")
+    m0, n0 = lvar("m0", "i32"), lvar("n0", "i32")
+    for i in range(rm):
+        for j in range(rn):
+            body.append(Decl(f"acc{i}_{j}", "f32", f32(0.0)))
+
+    def coop_load(shared, rows, elem_index, bound, k_fastest):
+        """Fill shared[kk * rows + r] for the k-step, zero outside the matrix. Consecutive
+        invocations read consecutive addresses: along k when the matrix is stored k-fastest
+        (A as [M, K], B as [N, K]), along rows otherwise."""
+        stmts = []
+        total = tk * rows
+        for step in range(-(-total // nthreads)):
+            idx = li + step * nthreads
+            if k_fastest:
+                r, kk = idx // tk, idx % tk
+            else:
+                kk, r = idx // rows, idx % rows
+            inb = kir.binary("and", bound(r), k0 + kk < K)
+            at = kk * rows + r
+            fill = [If(inb, [SStore(shared, at, elem_index(r, k0 + kk))], [SStore(shared, at, f32(0.0))])]
+            stmts.extend(fill if (step + 1) * nthreads <= total else [If(idx < total, fill)])
+        return stmts
+
+    a_elem = (lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k)))
+    b_elem = (lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c)))
+    inner = []
+    inner += coop_load("As", tm, a_elem, lambda r: m0 + r < M, k_fastest=not op.trans_a)
+    inner += coop_load("Bs", tn, b_elem, lambda c: n0 + c < N, k_fastest=op.trans_b)
+    inner.append(Barrier())
+    for kk in range(tk):
+        a_vals = [kir.sload("As", kk * tm + ty + i * wy, "f32") for i in range(rm)]
+        b_vals = [kir.sload("Bs", kk * tn + tx + j * wx, "f32") for j in range(rn)]
+        for i in range(rm):
+            for j in range(rn):
+                acc = lvar(f"acc{i}_{j}", "f32")
+                inner.append(Assign(f"acc{i}_{j}", kir.fma(a_vals[i], b_vals[j], acc)))
+    inner.append(Barrier())
+    body.append(For("k0", i32(0), i32(K), inner, step=tk))
+    out = b.name(op.out)
+    for i in range(rm):
+        for j in range(rn):
+            r, c = m0 + ty + i * wy, n0 + tx + j * wx
+            o = bz * (M * N) + r * N + c
+            acc = lvar(f"acc{i}_{j}", "f32")
+            if op.alpha != 1.0:
+                acc = acc * op.alpha
+            body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
+    shared = [kir.SharedArray("As", "f32", tk * tm), kir.SharedArray("Bs", "f32", tk * tn)]
+    return body, shared, (-(-N // tn), -(-M // tm), max(numel(op.batch), 1))
