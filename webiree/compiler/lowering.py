@@ -341,7 +341,7 @@ def lower(graph: Graph) -> Program:
         handler = registry.OPS.get(node.op if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op}")
         all_const = all(ctx.const(i) is not None for i in node.inputs if i)
         try:
-            if all_const and node.op not in NONDETERMINISTIC and not registry.never_fold(node.op) \
+            if all_const and node.op not in NONDETERMINISTIC \
                     and node.domain != "webiree":     # webiree's own internal ops are lowered by their handlers
                 args = [ctx.const(i) if i else None for i in node.inputs]
                 check_fold_size(node, args, ctx.opset, graph.types)

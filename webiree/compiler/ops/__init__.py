@@ -11,24 +11,7 @@ error.
 
 from __future__ import annotations
 
-OPS: dict = {}
+from . import contraction, control, conv, elementwise, loops, ml, movement, norms, quant, reduce, resize, rnn, shape  # noqa: F401,E501  (each registers its handlers)
+from .registry import OPS, Unsupported, register
 
-
-class Unsupported(Exception):
-    """This node uses a variant of its op that webiree cannot compile."""
-
-
-def register(*names):
-    def deco(fn):
-        for n in names:
-            OPS[n] = fn
-        return fn
-    return deco
-
-
-def never_fold(op: str) -> bool:
-    return False
-
-
-from . import elementwise, shape, contraction, conv, reduce, resize  # noqa: E402,F401  (registers handlers)
-from . import control, loops, ml, movement, norms, quant, rnn  # noqa: E402,F401
+__all__ = ["OPS", "Unsupported", "register"]

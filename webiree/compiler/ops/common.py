@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from . import Unsupported
+from .registry import Unsupported
 
 
 def broadcast_shapes(*shapes) -> tuple:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.program import MatMul
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import broadcast_shapes
 
 

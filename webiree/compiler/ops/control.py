@@ -27,7 +27,7 @@ from ...ir import kir
 from ...ir.kir import select
 from ..expand import inline_graph
 from ..graph import Node
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import norm_axis
 
 MAX_UNROLL = 4096

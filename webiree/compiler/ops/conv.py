@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.program import Conv, MatMul, Pool, Reduce
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .shape import pad_params
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...ir import kir
 from ...ir.kir import Expr, f32, select
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import INT_BITS, ONNX_TO_INTERNAL, broadcast_shapes, onnx_type
 
 

@@ -21,7 +21,7 @@ from ...ir import kir
 from ...ir.kir import f32, select
 from ...ir.program import O, coords_of, flat_of, numel
 from ...ir.program import LOOP_K, Loop, acc_vars
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import const_ints, const_scalar, norm_axis
 
 

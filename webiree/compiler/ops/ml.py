@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...ir import kir
 from ...ir.kir import select
-from . import Unsupported, register
+from .registry import Unsupported, register
 
 
 @register("ai.onnx.ml.Binarizer")

@@ -14,7 +14,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import f32, select
 from ..graph import internal_dtype
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import norm_axis
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.program import LayerNorm, numel
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import norm_axis
 from .reduce import emit_reduce
 

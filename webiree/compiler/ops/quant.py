@@ -17,7 +17,7 @@ from onnx import helper
 from ...errors import ShapeError
 from ...ir import kir
 from ..graph import Node, internal_dtype
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import INT_BITS, onnx_type
 
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...ir import kir
 from ...ir.program import LayerNorm, Reduce, Softmax
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import const_ints, norm_axis
 
 

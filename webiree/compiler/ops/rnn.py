@@ -15,7 +15,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import f32, select
 from ...ir.program import MatMul
-from . import Unsupported, register
+from .registry import Unsupported, register
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}

@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import select
-from . import Unsupported, register
+from .registry import Unsupported, register
 from .common import broadcast_shapes, const_ints, norm_axis
 
 
