@@ -20,12 +20,12 @@ import shutil
 from pathlib import Path
 
 from ..compiler.driver import compile_model
+from ..compiler.driver import resolve_limits as _resolve_limits
 from ..compiler.graph import ONNX_TYPE_NAMES
 from ..module import write_module
+from ..module.folder import MANIFEST_FILE, MODULE_FILE, SHADER_DIR, WEIGHTS_FILE
+from ..version import __version__
 
-MODULE_FILE = "model.wrm"
-WEIGHTS_FILE = "weights.bin"
-MANIFEST_FILE = "manifest.json"
 
 
 def _type_name(t: int) -> str:
@@ -33,11 +33,9 @@ def _type_name(t: int) -> str:
 
 
 def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
-    from .. import __version__
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shader_dir = out / "shaders"
+    shader_dir = out / SHADER_DIR
     if shader_dir.exists():
         shutil.rmtree(shader_dir)
     shader_dir.mkdir()
@@ -70,6 +68,31 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
     return manifest
 
 
+def resolve_limits(limits) -> dict:
+    """The compiler's limits: 'adapter' reads this machine's adapter (limits, subgroup size and
+    device class) through wgpu; 'default' and dicts are the compiler's own (driver.resolve_limits)."""
+    if limits == "adapter":
+        from ..hal_webgpu.wgpu_driver import adapter_info, adapter_limits
+        have = adapter_limits()
+        out = {k: have[k] for k in _resolve_limits("default") if k in have}
+        if have.get("subgroup_size"):
+            out["subgroup_size"] = have["subgroup_size"]
+        out["device_class"] = "cpu" if adapter_info().get("adapter_type", "").upper() == "CPU" else "gpu"
+        return _resolve_limits(out)
+    return _resolve_limits(limits)
+
+
+def shader_validator(name: str, fmt: str, code) -> None:
+    """Validate one executable: WGSL with naga (through wgpu-py), SPIR-V with spirv-val where it is
+    installed. A rejection is a CompilerBug naming the dispatch."""
+    if fmt == "wgsl":
+        from ..hal_webgpu.wgpu_driver import validate_wgsl
+        validate_wgsl(name, code)
+    else:
+        from ..wgsl_codegen.spirv import validate_spirv
+        validate_spirv(name, code)
+
+
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
             targets=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
@@ -83,7 +106,8 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
-    result = compile_model(model, shapes, limits=limits, validate=validate, dump_after=dump_after, targets=targets)
+    result = compile_model(model, shapes, limits=resolve_limits(limits), validate=shader_validator if validate else None,
+                           dump_after=dump_after, targets=targets)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
     if result.spirv:   # recorded only when not the default (WGSL only)

@@ -43,18 +43,11 @@ class CompileResult:
 
 
 def resolve_limits(limits) -> dict:
-    """'default' (WebGPU's defaults: runs on any adapter), 'adapter' (this machine's), or a dict."""
+    """'default' (WebGPU's defaults: runs on any adapter) or a dict of limits over those defaults.
+    An adapter's own limits are read by the caller (bundler.site.resolve_limits): the compiler
+    never opens a device."""
     if limits in (None, "default"):
         return dict(C.DEFAULT_LIMITS)
-    if limits == "adapter":
-        from ..hal_webgpu.wgpu_driver import adapter_info, adapter_limits
-        have = adapter_limits()
-        out = dict(C.DEFAULT_LIMITS)
-        out.update({k: have[k] for k in out if k in have})
-        if have.get("subgroup_size"):
-            out["subgroup_size"] = have["subgroup_size"]
-        out["device_class"] = "cpu" if adapter_info().get("adapter_type", "").upper() == "CPU" else "gpu"
-        return _u32_limits(out)
     if not isinstance(limits, dict):
         raise LimitsError(f"limits must be 'default', 'adapter' or a dict of WebGPU limits, not {limits!r}")
     for k, v in limits.items():
@@ -124,10 +117,13 @@ def parse_targets(targets) -> tuple:
     return out
 
 
-def compile_model(model, input_shapes=None, limits=None, validate: bool = True, dump_after=(),
+def compile_model(model, input_shapes=None, limits=None, validate=None, dump_after=(),
                   targets=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
     naming the stage, with the original exception chained (`--debug` shows its traceback).
+    limits: 'default' or a dict (resolve_limits). validate: None, or a function
+    validate(dispatch name, format, code) called on every executable's code in every target
+    format (the bundler hands in naga through wgpu and spirv-val; a failure raises).
     targets: see parse_targets (default WGSL only, or $WEBIREE_TARGETS)."""
     stage = ["import"]
     targets = parse_targets(targets)
@@ -186,13 +182,10 @@ def _compile(stage, model, input_shapes, limits, validate, dump_after, targets=(
             shaders.append((fname, text))
         exec_of.append(sources[body])
     if validate:
-        from ..hal_webgpu.wgpu_driver import validate_wgsl
         for ex, (fname, text) in zip(executables, shaders):
-            validate_wgsl(ex.name, text)
-        if spv:
-            from ..wgsl_codegen.spirv import validate_spirv
-            for ex, (fname, code) in zip(executables, spv):
-                validate_spirv(ex.name, code)
+            validate(ex.name, "wgsl", text)
+        for ex, (fname, code) in zip(executables, spv):
+            validate(ex.name, "spirv", code)
     if "kernels" in dump_after:
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
 

@@ -780,7 +780,8 @@ class Report:
 
 def run_campaign(n: int = 500, seed: int = 0, workdir=None, run_native: bool = True,
                  compile_deadline: float = COMPILE_DEADLINE_S, run_deadline: float = RUN_DEADLINE_S) -> Report:
-    from ..bundler.site import MODULE_FILE, WEIGHTS_FILE
+    from ..module.folder import MODULE_FILE, WEIGHTS_FILE
+    from ..bundler.site import shader_validator
     from ..compiler.driver import compile_model
     from ..module import write_module
 
@@ -814,7 +815,7 @@ def run_campaign(n: int = 500, seed: int = 0, workdir=None, run_native: bool = T
             t0 = time.monotonic()
             try:
                 with deadline(compile_deadline):
-                    cr = compile_model(case.model)
+                    cr = compile_model(case.model, validate=shader_validator)
                     module_bytes = write_module(cr.module)
                 res.compile = "ok"
                 res.folded = all(d.nodes == ["outputs"] for d in cr.dispatches)
