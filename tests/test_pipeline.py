@@ -37,10 +37,10 @@ def test_small_cnn_fuses_and_reuses_memory(tmp_path):
 
 
 def test_inspect_shows_fusion_and_memory(tmp_path):
-    from webiree.cli import inspect_text
+    from webiree.module.dump import describe_build
 
     webiree.compile(models.small_cnn(), tmp_path / "b")
-    text = inspect_text(tmp_path / "b")
+    text = describe_build(tmp_path / "b")
     assert "fuses ['stem', 'stem_relu']" in text
     assert "memory plan: arena peak" in text and "sum of intermediates" in text
     assert "dispatches: 9" in text

@@ -13,7 +13,7 @@ interpreter) can be used without numpy or onnx (as under Pyodide).
 from .errors import (CompilerBug, DeviceError, FeedError, LimitsError, ModelError, ShapeError,  # noqa: F401
                      UnsupportedOpError, WebireeError)
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 
 def __getattr__(name):

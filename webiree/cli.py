@@ -110,50 +110,10 @@ def cmd_run(args) -> int:
     return 0
 
 
-def inspect_text(path) -> str:
-    from .bundler.site import MANIFEST_FILE, MODULE_FILE
-    from .errors import ModelError
-    from .module import ModuleFormatError, read_module
-
-    d = Path(path)
-    if not (d / MODULE_FILE).exists():
-        raise ModelError(f"no webiree build at {d}", hint="give the folder written by `webiree build`")
-    raw = (d / MODULE_FILE).read_bytes()
-    try:
-        m = read_module(raw)
-    except ModuleFormatError as e:
-        raise ModelError(f"{d / MODULE_FILE} is corrupt: {e}") from None
-    try:
-        manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
-        manifest = manifest if isinstance(manifest, dict) else {}
-    except (ValueError, OSError) as e:
-        raise ModelError(f"{d / MANIFEST_FILE} is corrupt ({type(e).__name__})", hint="rebuild the model") from None
-    info = m.info
-    lines = [f"model {info.get('model', '?')} (webiree {manifest.get('webiree_version', '?')})",
-             f"schedule module: {len(raw)} bytes, {len(m.executables)} executables, {len(m.commands)} commands"]
-    for io in m.inputs:
-        lines.append(f"input  {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
-    for io in m.outputs:
-        lines.append(f"output {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
-    lines.append("buffers:")
-    for i, b in enumerate(m.buffers):
-        lines.append(f"  #{i} {b.kind:<8} {b.size:>12} B  {b.name}")
-    mem = info.get("memory", {})
-    lines.append(f"memory plan: arena peak {mem.get('arena_peak', 0)} B vs. {mem.get('intermediates_sum', 0)} B "
-                 f"sum of intermediates (largest live set {mem.get('max_live', 0)} B); weights {mem.get('weights', 0)} B")
-    ds = info.get("dispatches", [])
-    lines.append(f"dispatches: {len(ds)}")
-    for i, dd in enumerate(ds):
-        cfg = dd.get("config", {})
-        lines.append(f"  {i:>4} {dd['kind']:<9} {dd['name']:<32} grid {tuple(dd['grid'])} wg {tuple(cfg.get('workgroup_size', ()))} "
-                     f"{cfg.get('strategy', '')} exec {dd['exec']}  fuses {dd['nodes']}")
-    views = info.get("views", [])
-    lines.append(f"views (no dispatch): {len(views)}")
-    return "\n".join(lines)
-
-
 def cmd_inspect(args) -> int:
-    print(inspect_text(args.dir))
+    from .module.dump import describe_build
+
+    print(describe_build(args.dir))
     return 0
 
 

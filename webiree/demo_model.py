@@ -17,7 +17,7 @@ def run_demo(out: str) -> int:
     import onnx
 
     from .bundler.site import compile as build
-    from .cli import inspect_text
+    from .module.dump import describe_build
     from .session import InferenceSession
     from .testing.models import sample_inputs, small_cnn
 
@@ -50,7 +50,7 @@ def run_demo(out: str) -> int:
               f"max |diff| / max |ref| = {err:.2e} -> {verdict} (tolerance 1e-4)")
         if err > 1e-4:
             return 1
-    print(inspect_text(out_dir).split("\nbuffers:")[0])
+    print(describe_build(out_dir).split("\nbuffers:")[0])
     print(f"site written to {out_dir.resolve()} (serve it with: webiree serve {out_dir})")
     return 0
 

@@ -6,9 +6,9 @@
 
 This is what the ONNX backend test suite drives (`onnx.backend.test.BackendTest
 (WebireeBackend, __name__)`, or tests/conformance_report.py, which runs every
-node test case). `prepare` compiles the model into a temporary build folder
-with `webiree.compile`, opens an `InferenceSession` on it and removes the
-folder again (the session holds the module and weights in memory). Errors
+node test case). `prepare` compiles the model in memory (`compile_model`, shaders
+validated as `webiree.compile` validates them) and opens an `InferenceSession` on
+the module and weights without writing a build folder. Errors
 from webiree (`UnsupportedOpError`, `ShapeError`, ...) propagate unchanged.
 
 webiree compiles static shapes. An input that only *parameterizes a shape*
@@ -26,9 +26,6 @@ outputs do not depend on their values), and no webiree kernel computed it.
 """
 
 from __future__ import annotations
-
-import shutil
-import tempfile
 
 import numpy as np
 import onnx
@@ -132,18 +129,17 @@ class _Compiled:
     """One compiled model: its session and the numpy types of its outputs."""
 
     def __init__(self, model: onnx.ModelProto, **compile_kw):
-        import webiree
+        from .bundler.site import resolve_limits, shader_validator
+        from .compiler.driver import compile_model
+        from .session import InferenceSession
 
-        compile_kw = dict(compile_kw)
-        if "input_shapes" not in compile_kw:
+        shapes = compile_kw.get("input_shapes")
+        if shapes is None:
             # the model's own static dims, given explicitly so that 0 (an empty tensor) is taken as meant
-            compile_kw["input_shapes"] = _static_input_shapes(model)
-        tmp = tempfile.mkdtemp(prefix="webiree-backend-")
-        try:
-            webiree.compile(model, tmp, **compile_kw)
-            self.session = webiree.InferenceSession(tmp)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shapes = _static_input_shapes(model)
+        result = compile_model(model, shapes, limits=resolve_limits(compile_kw.get("limits", "default")),
+                               validate=shader_validator)
+        self.session = InferenceSession.from_module(result.module, result.weights)
         self.inputs = [i.name for i in self.session.get_inputs()]
         module = self.session.module
         kinds = [b.kind for b in module.buffers]

@@ -19,7 +19,6 @@ from .errors import FeedError, ModelError
 from .hal_webgpu.feeds import check_names, type_name
 from .hal_webgpu.hal import run_sync
 from .hal_webgpu.interpreter import Interpreter
-from .module import ModuleFormatError, read_module
 
 NUMPY_OF_ONNX = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
                  9: np.bool_, 12: np.uint32, 13: np.uint64}
@@ -43,31 +42,39 @@ class InferenceSession:
     def __init__(self, path, submit_chunk: int = 0):
         """path: a build folder. submit_chunk: 0 (one submit per inference) or N, a submit every
         N dispatches so the GPU starts while the host encodes the rest (WgpuDriver)."""
-        from .bundler.site import MODULE_FILE, WEIGHTS_FILE
         from .hal_webgpu.wgpu_driver import WgpuDriver
+        from .module.folder import MODULE_FILE, BuildFolder
 
-        d = Path(path)
-        if not (d / MODULE_FILE).exists():
-            if d.suffix == ".onnx" or (d.exists() and d.is_file()):
-                raise ModelError(f"{d} is not a webiree build folder",
-                                 hint=f"compile it first: webiree build {d} --out DIR")
-            raise ModelError(f"no webiree build at {d} ({MODULE_FILE} missing)",
-                             hint="give the folder written by `webiree build`")
-        try:
-            self.module = read_module((d / MODULE_FILE).read_bytes())
-        except ModuleFormatError as e:
-            raise ModelError(f"{d / MODULE_FILE} is corrupt: {e}", hint="rebuild the model") from None
-        bad = [io.name for io in self.module.inputs + self.module.outputs if io.onnx_type not in NUMPY_OF_ONNX]
-        if bad:
-            raise ModelError(f"{d / MODULE_FILE} is corrupt: tensors {bad} have unknown element types",
-                             hint="rebuild the model")
-        weights = (d / WEIGHTS_FILE).read_bytes() if (d / WEIGHTS_FILE).exists() else b""
+        folder = BuildFolder(path)
+        module = folder.module()
+        self._init(module, folder.weights(), WgpuDriver(submit_chunk=submit_chunk), folder.path,
+                   str(folder.path / MODULE_FILE))
+
+    @classmethod
+    def from_module(cls, module, weights: bytes, submit_chunk: int = 0) -> "InferenceSession":
+        """A session on a module and weights in memory (a CompileResult's `module` and `weights`),
+        without writing a build folder. The module goes through its wire format once, so the
+        session runs exactly what a build folder's model.wrm would hold."""
+        from .hal_webgpu.wgpu_driver import WgpuDriver
+        from .module import read_module, write_module
+
+        sess = cls.__new__(cls)
+        sess._init(read_module(write_module(module)), weights, WgpuDriver(submit_chunk=submit_chunk), None,
+                   "the schedule module")
+        return sess
+
+    def _init(self, module, weights: bytes, driver, path, source: str) -> None:
         self.interp = None
-        self.driver = WgpuDriver(submit_chunk=submit_chunk)
-        interp = Interpreter(self.module, self.driver, weights)
+        bad = [io.name for io in module.inputs + module.outputs if io.onnx_type not in NUMPY_OF_ONNX]
+        if bad:
+            raise ModelError(f"{source} is corrupt: tensors {bad} have unknown element types",
+                             hint="rebuild the model")
+        self.module = module
+        self.driver = driver
+        interp = Interpreter(module, driver, weights)
         run_sync(interp.prepare())
         self.interp = interp
-        self.path = d
+        self.path = path
         self.last_profile = None
 
     def close(self) -> None:

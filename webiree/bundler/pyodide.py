@@ -51,6 +51,8 @@ CORE_FILES = (
     "errors.py",
     "module/__init__.py",
     "module/format.py",
+    "module/folder.py",
+    "version.py",
     "hal_webgpu/__init__.py",
     "hal_webgpu/hal.py",
     "hal_webgpu/interpreter.py",
@@ -70,7 +72,7 @@ _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
     return __version__
 
 
@@ -197,7 +199,7 @@ def copy_pyodide(dst) -> list[str]:
 
 
 def python_page(wheel: str) -> str:
-    from .web import runtime_dir
+    from .assets import runtime_dir
     html = (runtime_dir() / PYTHON_PAGE).read_text(encoding="utf-8")
     return html.replace("{{WHEEL}}", wheel).replace("{{PYODIDE_VERSION}}", PYODIDE_VERSION)
 

@@ -35,8 +35,8 @@ import struct
 from pathlib import Path
 
 from ..errors import WebireeError
+from .assets import RUNTIME_FILES, runtime_dir
 
-RUNTIME_FILES = ("webiree.js", "webiree.d.ts")
 INDEX_FILE = "index.html"
 SAMPLE_FILE = "sample.json"
 SAMPLE_MAX_ELEMENTS = 1 << 18
@@ -46,16 +46,6 @@ SAMPLE_SEED = 0
 _TYPES = {1: ("float32", "f"), 2: ("uint8", "B"), 3: ("int8", "b"), 4: ("uint16", "H"), 5: ("int16", "h"),
           6: ("int32", "i"), 7: ("int64", "q"), 9: ("bool", "B"), 11: ("float64", "d"), 12: ("uint32", "I")}
 _NUMPY = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "u1", 11: "<f8", 12: "<u4"}
-
-
-def runtime_dir() -> Path:
-    """The folder holding webiree.js and webiree.d.ts."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parents[1] / "web", here / "web_assets"):
-        if all((candidate / f).is_file() for f in RUNTIME_FILES):
-            return candidate
-    raise WebireeError("the browser runtime (web/webiree.js) is missing from this webiree installation",
-                       hint="install webiree from a source checkout (pip install -e .)")
 
 
 def _seeded_values(onnx_type: int, n: int, rng: random.Random) -> list:
@@ -109,13 +99,11 @@ def _count(shape) -> int:
     return n
 
 
-def write_site(out_dir, result, model=None, sample_feeds=None, pyodide=False) -> list[str]:
+def write_site(out_dir, result, sample_feeds=None, pyodide=False) -> list[str]:
     """Write the runtime, the demo page and the sample input into the build folder
     `out_dir` (already holding the files of `result`). Returns the names written.
 
-    model: the ONNX ModelProto it was built from (optional); when given without
-    sample_feeds, webiree.testing.models.sample_inputs(model) provides the sample
-    if its shapes match the compiled ones.
+    sample_feeds: {input name: array} for sample.json (default: seeded values, see sample_entries).
     pyodide: also copy Pyodide itself into pyodide/ (the runtime wheel and
     python.html are always written; they are small).
     """
@@ -129,13 +117,6 @@ def write_site(out_dir, result, model=None, sample_feeds=None, pyodide=False) ->
     (out / INDEX_FILE).write_text(INDEX_HTML, encoding="utf-8")
     written.append(INDEX_FILE)
     module = result.module
-    if sample_feeds is None and model is not None and hasattr(model, "graph"):
-        from ..testing.models import sample_inputs
-
-        feeds = sample_inputs(model)
-        shapes = {io.name: tuple(io.shape) for io in module.inputs}
-        if all(shapes.get(k) == tuple(v.shape) for k, v in feeds.items()):
-            sample_feeds = feeds
     entries = sample_entries(module, sample_feeds)
     sample_path = out / SAMPLE_FILE
     if entries is None:

@@ -28,9 +28,10 @@ import json
 from ..errors import DeviceError, FeedError, ModelError, WebireeError
 from ..hal_webgpu.feeds import ONNX_TYPE_NAMES, check_names, check_shape, decode_output, encode_input, type_name
 from ..hal_webgpu.interpreter import Interpreter
+from ..module.folder import MANIFEST_FILE, MODULE_FILE, WEIGHTS_FILE
 from ..module.format import ModuleFormatError, read_module
+from ..version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["InferenceSession", "Tensor", "NodeArg", "WebireeError", "FeedError", "DeviceError", "ModelError",
            "load_sample", "fetch_bytes", "__version__"]
 
@@ -240,13 +241,13 @@ class InferenceSession:
         """Fetch a build folder (manifest.json, model.wrm, weights.bin) and prepare it on a new device."""
         from ..hal_webgpu.browser_driver import BrowserDriver
         base = _base(url)
-        manifest_url = base + "manifest.json"
+        manifest_url = base + MANIFEST_FILE
         try:
             manifest = json.loads(await fetch_bytes(manifest_url))
         except ValueError:
             raise ModelError(f"{manifest_url} is not JSON", hint="is this a webiree build folder?") from None
         files = manifest.get("files") or {}
-        module_file, weights_file = files.get("module", "model.wrm"), files.get("weights", "weights.bin")
+        module_file, weights_file = files.get("module", MODULE_FILE), files.get("weights", WEIGHTS_FILE)
         # both downloads run concurrently with each other (JS fetches start before the first await)
         module_job = asyncio.ensure_future(fetch_bytes(base + module_file))
         weights_job = asyncio.ensure_future(fetch_bytes(base + weights_file))
@@ -318,7 +319,7 @@ class InferenceSession:
                 await self.driver.release()
 
 
-def _read(data: bytes, file: str = "model.wrm"):
+def _read(data: bytes, file: str = MODULE_FILE):
     try:
         return read_module(data)
     except ModuleFormatError as e:

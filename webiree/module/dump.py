@@ -1,0 +1,34 @@
+"""`webiree inspect`: a schedule module and its manifest as text (after iree-dump-module)."""
+
+from __future__ import annotations
+
+from .folder import BuildFolder
+
+
+def describe_build(path) -> str:
+    folder = BuildFolder(path)
+    raw = folder.module_bytes()
+    m = folder.module(raw)
+    manifest = folder.manifest()
+    info = m.info
+    lines = [f"model {info.get('model', '?')} (webiree {manifest.get('webiree_version', '?')})",
+             f"schedule module: {len(raw)} bytes, {len(m.executables)} executables, {len(m.commands)} commands"]
+    for io in m.inputs:
+        lines.append(f"input  {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
+    for io in m.outputs:
+        lines.append(f"output {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
+    lines.append("buffers:")
+    for i, b in enumerate(m.buffers):
+        lines.append(f"  #{i} {b.kind:<8} {b.size:>12} B  {b.name}")
+    mem = info.get("memory", {})
+    lines.append(f"memory plan: arena peak {mem.get('arena_peak', 0)} B vs. {mem.get('intermediates_sum', 0)} B "
+                 f"sum of intermediates (largest live set {mem.get('max_live', 0)} B); weights {mem.get('weights', 0)} B")
+    ds = info.get("dispatches", [])
+    lines.append(f"dispatches: {len(ds)}")
+    for i, dd in enumerate(ds):
+        cfg = dd.get("config", {})
+        lines.append(f"  {i:>4} {dd['kind']:<9} {dd['name']:<32} grid {tuple(dd['grid'])} wg {tuple(cfg.get('workgroup_size', ()))} "
+                     f"{cfg.get('strategy', '')} exec {dd['exec']}  fuses {dd['nodes']}")
+    views = info.get("views", [])
+    lines.append(f"views (no dispatch): {len(views)}")
+    return "\n".join(lines)
