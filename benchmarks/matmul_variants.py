@@ -142,8 +142,8 @@ def main(argv):
     runs, chain, which = args.runs, args.chain, args.limits
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] or [
         (4096, 4096, 4096), (128, 512, 128), (128, 384, 1536), (3136, 144, 24)]
-    from webiree.bundler.site import resolve_limits
-    limits = resolve_limits(which)
+    from webiree.bundler.site import resolve_target
+    limits = resolve_target(which).as_limits()
     print(f"adapter class {limits.get('device_class')}, subgroup size {limits.get('subgroup_size', 0)}")
     wrong = []
     with tempfile.TemporaryDirectory() as tmp:

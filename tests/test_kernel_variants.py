@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 import webiree
 from webiree.errors import LimitsError
-from webiree.hal_webgpu.interpreter import check_limits
+from webiree.hal_webgpu.requirements import check_requirements
 from webiree.hal_webgpu.wgpu_driver import subgroup_size
 from webiree.testing.models import make_model, sample_inputs
 
@@ -136,11 +136,11 @@ def test_cpu_kernels_from_spirv(which, tmp_path, cpu_limits):
 
 def test_subgroup_size_is_checked_at_load():
     needed = {"subgroup_size": 8}
-    check_limits(needed, {"subgroup_size": 8})
+    check_requirements(needed, {"subgroup_size": 8})
     with pytest.raises(LimitsError, match="subgroups of 8 .* has no usable subgroups"):
-        check_limits(needed, {})
+        check_requirements(needed, {})
     with pytest.raises(LimitsError, match="runs subgroups of 4") as e:
-        check_limits(needed, {"subgroup_size": 4})
+        check_requirements(needed, {"subgroup_size": 4})
     assert "--limits adapter" in e.value.hint
 
 

@@ -2,11 +2,11 @@
 (those inside functions too): imports point down, and no files import each other in a circle.
 
     top           cli, bundler, session, onnx_backend, bench, demo_model, testing, webiree/__init__
-    compiler      may import wgsl_codegen, module, ir, errors
-    wgsl_codegen  may import ir, errors
-    runtime core  hal_webgpu, runtime_py: may import module, errors, version (never the compiler)
+    compiler      may import wgsl_codegen, module, ir, errors, dtypes, target
+    wgsl_codegen  may import ir, errors, dtypes, target
+    runtime core  hal_webgpu, runtime_py: may import module, errors, version, dtypes (never the compiler)
     module        the schedule module's wire format: errors, version
-    ground        ir (imports nothing of webiree), errors, version
+    ground        ir (imports nothing of webiree), errors, version, dtypes, target (errors only)
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ ALLOWED = {
     "ir": set(),
     "errors": set(),
     "version": set(),
+    "dtypes": set(),
+    "target": {"errors"},
     "module": {"errors", "version"},
-    "wgsl_codegen": {"ir", "errors"},
-    "compiler": {"wgsl_codegen", "module", "ir", "errors"},
-    "hal_webgpu": {"module", "errors", "version"},
-    "runtime_py": {"hal_webgpu", "module", "errors", "version"},
+    "wgsl_codegen": {"ir", "errors", "dtypes", "target"},
+    "compiler": {"wgsl_codegen", "module", "ir", "errors", "dtypes", "target"},
+    "hal_webgpu": {"module", "errors", "version", "dtypes"},
+    "runtime_py": {"hal_webgpu", "module", "errors", "version", "dtypes"},
     **{name: TOP for name in ("cli", "bundler", "session", "onnx_backend", "bench", "demo_model", "testing",
                               "webiree")},
 }

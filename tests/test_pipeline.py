@@ -75,7 +75,7 @@ def test_output_folder_layout(tmp_path):
     webiree.compile(models.mlp(), tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["model"] == "mlp" and m["webiree_version"] == webiree.__version__
-    assert m["inputs"] == [{"name": "x", "shape": [4, 64], "type": "float"}]
+    assert m["inputs"] == [{"name": "x", "shape": [4, 64], "type": "float32"}]
     assert (tmp_path / m["files"]["module"]).stat().st_size == m["sizes"]["module_bytes"]
     assert (tmp_path / m["files"]["weights"]).stat().st_size == m["sizes"]["weights_bytes"]
     assert all((tmp_path / "shaders" / s).exists() for s in m["files"]["shaders"])

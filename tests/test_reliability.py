@@ -28,7 +28,7 @@ from onnx import TensorProto, helper
 import webiree
 from webiree.cli import main
 from webiree.compiler.driver import compile_model, shared_bytes
-from webiree.hal_webgpu.interpreter import check_limits
+from webiree.hal_webgpu.requirements import check_requirements
 from webiree.module import ModuleFormatError, read_module
 from webiree.testing import models
 from webiree.testing.models import make_model
@@ -422,13 +422,13 @@ def test_module_needing_more_than_the_adapter_is_refused_at_session_creation(tmp
     assert "--limits adapter" in e.value.hint
 
 
-def test_check_limits_rules():
-    check_limits({"max_compute_invocations_per_workgroup": 256}, {"max_compute_invocations_per_workgroup": 256})
+def test_check_requirements_rules():
+    check_requirements({"max_compute_invocations_per_workgroup": 256}, {"max_compute_invocations_per_workgroup": 256})
     with pytest.raises(webiree.LimitsError, match="max_compute_workgroup_storage_size = 32768"):
-        check_limits({"max_compute_workgroup_storage_size": 32768}, {"max_compute_workgroup_storage_size": 16384})
-    check_limits({"min_storage_buffer_offset_alignment": 256}, {"min_storage_buffer_offset_alignment": 64})
+        check_requirements({"max_compute_workgroup_storage_size": 32768}, {"max_compute_workgroup_storage_size": 16384})
+    check_requirements({"min_storage_buffer_offset_alignment": 256}, {"min_storage_buffer_offset_alignment": 64})
     with pytest.raises(webiree.LimitsError, match="aligns buffers to 64"):
-        check_limits({"min_storage_buffer_offset_alignment": 64}, {"min_storage_buffer_offset_alignment": 256})
+        check_requirements({"min_storage_buffer_offset_alignment": 64}, {"min_storage_buffer_offset_alignment": 256})
 
 
 # ---------------------------------------------------------------------------

@@ -159,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("model")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
-    b.add_argument("--limits", default="default", choices=["default", "adapter"],
-                   help="size kernels for WebGPU's default limits (runs anywhere) or this machine's adapter")
+    b.add_argument("--limits", default="default", choices=["default", "gpu", "cpu", "adapter"],
+                   help="the target: WebGPU's default limits (runs anywhere; 'gpu' / 'cpu' choose kernels for "
+                        "that class of adapter) or this machine's adapter")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
     b.add_argument("--target", "--targets", dest="target", default=None, metavar="wgsl|spirv|wgsl,spirv",
                    help="shader targets: the first is the module's executable format (default wgsl; spirv "
@@ -193,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("model", help="an .onnx file")
     bn.add_argument("--runs", type=int, default=20)
     bn.add_argument("--warmup", type=int, default=3)
-    bn.add_argument("--limits", default="adapter", choices=["default", "adapter"])
+    bn.add_argument("--limits", default="adapter", choices=["default", "gpu", "cpu", "adapter"])
     bn.add_argument("--inputs", help=".npz of inputs keyed by input name (default: seeded random)")
     bn.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...")
     bn.add_argument("--iree", action="store_true", help="also run IREE vulkan-spirv and llvm-cpu (pip install -e .[iree])")

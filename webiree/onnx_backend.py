@@ -129,7 +129,7 @@ class _Compiled:
     """One compiled model: its session and the numpy types of its outputs."""
 
     def __init__(self, model: onnx.ModelProto, **compile_kw):
-        from .bundler.site import resolve_limits, shader_validator
+        from .bundler.site import resolve_target, shader_validator
         from .compiler.driver import compile_model
         from .session import InferenceSession
 
@@ -137,7 +137,7 @@ class _Compiled:
         if shapes is None:
             # the model's own static dims, given explicitly so that 0 (an empty tensor) is taken as meant
             shapes = _static_input_shapes(model)
-        result = compile_model(model, shapes, limits=resolve_limits(compile_kw.get("limits", "default")),
+        result = compile_model(model, shapes, resolve_target(compile_kw.get("limits", "default")),
                                validate=shader_validator)
         self.session = InferenceSession.from_module(result.module, result.weights)
         self.inputs = [i.name for i in self.session.get_inputs()]

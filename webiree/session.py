@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .dtypes import BY_ONNX, RUNTIME_TYPES, STORAGE_NUMPY
 from .errors import FeedError, ModelError
 from .hal_webgpu.feeds import check_names, type_name
 from .hal_webgpu.hal import run_sync
 from .hal_webgpu.interpreter import Interpreter
 
-NUMPY_OF_ONNX = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
-                 9: np.bool_, 12: np.uint32, 13: np.uint64}
+NUMPY_OF_ONNX = {t: np.dtype(d.numpy).type for t, d in RUNTIME_TYPES.items()}
 ONNX_OF_NUMPY = {np.dtype(v): k for k, v in NUMPY_OF_ONNX.items()}
 
 
@@ -34,8 +34,7 @@ class NodeArg:
 
 
 def _ort_type(t: int) -> str:
-    return {1: "tensor(float)", 7: "tensor(int64)", 6: "tensor(int32)", 9: "tensor(bool)"}.get(
-        t, f"tensor({type_name(t)})")
+    return BY_ONNX[t].ort_type if t in BY_ONNX else f"tensor({type_name(t)})"
 
 
 class InferenceSession:
@@ -130,7 +129,7 @@ class InferenceSession:
         return np.ascontiguousarray(a, dtype="<i4" if io.dtype == "i32" else "<u4").tobytes()
 
     def _decode(self, io, raw: bytes) -> np.ndarray:
-        store = {"f32": "<f4", "i32": "<i4", "u32": "<u4", "bool": "<u4"}[io.dtype]
+        store = STORAGE_NUMPY[io.dtype]
         a = np.frombuffer(raw, dtype=store).reshape(io.shape)
         return a.astype(NUMPY_OF_ONNX.get(io.onnx_type, a.dtype))
 

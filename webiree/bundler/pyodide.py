@@ -49,6 +49,7 @@ API_MODULE = "webiree_runtime"
 CORE_FILES = (
     "__init__.py",
     "errors.py",
+    "dtypes.py",
     "module/__init__.py",
     "module/format.py",
     "module/folder.py",
@@ -56,6 +57,7 @@ CORE_FILES = (
     "hal_webgpu/__init__.py",
     "hal_webgpu/hal.py",
     "hal_webgpu/interpreter.py",
+    "hal_webgpu/requirements.py",
     "hal_webgpu/feeds.py",
     "hal_webgpu/browser_driver.py",
     "runtime_py/__init__.py",

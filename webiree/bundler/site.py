@@ -20,16 +20,12 @@ import shutil
 from pathlib import Path
 
 from ..compiler.driver import compile_model
-from ..compiler.driver import resolve_limits as _resolve_limits
-from ..compiler.graph import ONNX_TYPE_NAMES
+from ..dtypes import name_of
+from ..target import Target
 from ..module import write_module
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, SHADER_DIR, WEIGHTS_FILE
 from ..version import __version__
 
-
-
-def _type_name(t: int) -> str:
-    return ONNX_TYPE_NAMES.get(t, str(t)).lower()
 
 
 def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
@@ -51,8 +47,8 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
         "format": "webiree-site",
         "webiree_version": __version__,
         "model": m.info.get("model", "model"),
-        "inputs": [{"name": io.name, "shape": list(io.shape), "type": _type_name(io.onnx_type)} for io in m.inputs],
-        "outputs": [{"name": io.name, "shape": list(io.shape), "type": _type_name(io.onnx_type)} for io in m.outputs],
+        "inputs": [{"name": io.name, "shape": list(io.shape), "type": name_of(io.onnx_type)} for io in m.inputs],
+        "outputs": [{"name": io.name, "shape": list(io.shape), "type": name_of(io.onnx_type)} for io in m.outputs],
         "files": {"module": MODULE_FILE, "weights": WEIGHTS_FILE, "shaders": [n for n, _ in result.shaders]
                   + [n for n, _ in getattr(result, "spirv", None) or []]},
         "sizes": {"module_bytes": len(module_bytes), "weights_bytes": len(result.weights),
@@ -68,18 +64,14 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
     return manifest
 
 
-def resolve_limits(limits) -> dict:
-    """The compiler's limits: 'adapter' reads this machine's adapter (limits, subgroup size and
-    device class) through wgpu; 'default' and dicts are the compiler's own (driver.resolve_limits)."""
+def resolve_target(limits) -> Target:
+    """The compiler's Target: 'adapter' reads this machine's adapter (limits, subgroup size and
+    type) through wgpu; presets ('default', 'gpu', 'cpu') and dicts go to Target.resolve."""
     if limits == "adapter":
         from ..hal_webgpu.wgpu_driver import adapter_info, adapter_limits
         have = adapter_limits()
-        out = {k: have[k] for k in _resolve_limits("default") if k in have}
-        if have.get("subgroup_size"):
-            out["subgroup_size"] = have["subgroup_size"]
-        out["device_class"] = "cpu" if adapter_info().get("adapter_type", "").upper() == "CPU" else "gpu"
-        return _resolve_limits(out)
-    return _resolve_limits(limits)
+        return Target.from_adapter(have, adapter_info().get("adapter_type", ""), have.get("subgroup_size", 0))
+    return Target.resolve(limits)
 
 
 def shader_validator(name: str, fmt: str, code) -> None:
@@ -106,7 +98,7 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
-    result = compile_model(model, shapes, limits=resolve_limits(limits), validate=shader_validator if validate else None,
+    result = compile_model(model, shapes, resolve_target(limits), validate=shader_validator if validate else None,
                            dump_after=dump_after, targets=targets)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}

@@ -34,6 +34,7 @@ import random
 import struct
 from pathlib import Path
 
+from ..dtypes import RUNTIME_TYPES
 from ..errors import WebireeError
 from .assets import RUNTIME_FILES, runtime_dir
 
@@ -42,10 +43,6 @@ SAMPLE_FILE = "sample.json"
 SAMPLE_MAX_ELEMENTS = 1 << 18
 SAMPLE_SEED = 0
 
-# ONNX element type -> (type name as webiree.js spells it, struct code)
-_TYPES = {1: ("float32", "f"), 2: ("uint8", "B"), 3: ("int8", "b"), 4: ("uint16", "H"), 5: ("int16", "h"),
-          6: ("int32", "i"), 7: ("int64", "q"), 9: ("bool", "B"), 11: ("float64", "d"), 12: ("uint32", "I")}
-_NUMPY = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "u1", 11: "<f8", 12: "<u4"}
 
 
 def _seeded_values(onnx_type: int, n: int, rng: random.Random) -> list:
@@ -73,9 +70,10 @@ def sample_entries(module, sample_feeds=None, seed: int = SAMPLE_SEED) -> list[d
     rng = random.Random(seed)
     entries = []
     for io in module.inputs:
-        type_name, code = _TYPES.get(io.onnx_type, (None, None))
-        if type_name is None:
+        d = RUNTIME_TYPES.get(io.onnx_type)
+        if d is None:
             return None
+        type_name, code = d.name, d.host_code
         n = _count(io.shape)
         if io.name in sample_feeds:
             import numpy as np
@@ -84,7 +82,7 @@ def sample_entries(module, sample_feeds=None, seed: int = SAMPLE_SEED) -> list[d
             if tuple(a.shape) != tuple(io.shape):
                 raise WebireeError(f"sample feed {io.name!r} has shape {tuple(a.shape)}; "
                                    f"the model was compiled for {tuple(io.shape)}")
-            data = np.ascontiguousarray(a.astype(_NUMPY[io.onnx_type])).tobytes()
+            data = np.ascontiguousarray(a.astype(d.numpy)).tobytes()
         else:
             data = struct.pack(f"<{n}{code}", *_seeded_values(io.onnx_type, n, rng))
         entries.append({"name": io.name, "type": type_name, "dims": list(io.shape),

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import CompilerBug, LimitsError, WebireeError
 from ..module import format as F
+from ..target import Target
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
 from ..ir import kir
@@ -40,28 +41,6 @@ class CompileResult:
     limits: dict
     dumps: dict = field(default_factory=dict)
     spirv: list = field(default_factory=list)   # (file name, SPIR-V bytes) one per executable, when targeted
-
-
-def resolve_limits(limits) -> dict:
-    """'default' (WebGPU's defaults: runs on any adapter) or a dict of limits over those defaults.
-    An adapter's own limits are read by the caller (bundler.site.resolve_limits): the compiler
-    never opens a device."""
-    if limits in (None, "default"):
-        return dict(C.DEFAULT_LIMITS)
-    if not isinstance(limits, dict):
-        raise LimitsError(f"limits must be 'default', 'adapter' or a dict of WebGPU limits, not {limits!r}")
-    for k, v in limits.items():
-        if k in C.DEFAULT_LIMITS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            raise LimitsError(f"limit {k} must be a positive integer, not {v!r}")
-    out = dict(C.DEFAULT_LIMITS)
-    out.update(limits)
-    return _u32_limits(out)
-
-
-def _u32_limits(lim: dict) -> dict:
-    """The module records limits as u32: a big GPU's maxBufferSize (2^40 ...) is capped at 2^32 - 1,
-    which still never asks the adapter for more than it offers."""
-    return {k: min(v, 0xFFFFFFFF) if isinstance(v, int) else v for k, v in lim.items()}
 
 
 def check_dispatch_limits(dispatches, lim: dict) -> None:
@@ -117,18 +96,19 @@ def parse_targets(targets) -> tuple:
     return out
 
 
-def compile_model(model, input_shapes=None, limits=None, validate=None, dump_after=(),
+def compile_model(model, input_shapes=None, target=None, validate=None, dump_after=(),
                   targets=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
     naming the stage, with the original exception chained (`--debug` shows its traceback).
-    limits: 'default' or a dict (resolve_limits). validate: None, or a function
+    target: a Target (webiree/target.py), or what Target.resolve takes ('default', 'gpu', 'cpu',
+    a dict of limits). validate: None, or a function
     validate(dispatch name, format, code) called on every executable's code in every target
     format (the bundler hands in naga through wgpu and spirv-val; a failure raises).
     targets: see parse_targets (default WGSL only, or $WEBIREE_TARGETS)."""
     stage = ["import"]
     targets = parse_targets(targets)
     try:
-        return _compile(stage, model, input_shapes, limits, validate, dump_after, targets)
+        return _compile(stage, model, input_shapes, Target.resolve(target), validate, dump_after, targets)
     except WebireeError:
         raise
     except Exception as e:
@@ -137,8 +117,8 @@ def compile_model(model, input_shapes=None, limits=None, validate=None, dump_aft
                                "(webiree --debug shows the traceback)") from e
 
 
-def _compile(stage, model, input_shapes, limits, validate, dump_after, targets=("wgsl",)) -> CompileResult:
-    lim = resolve_limits(limits)
+def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",)) -> CompileResult:
+    lim = target.as_limits()
     dumps = {}
     graph = import_model(model, input_shapes)
     if "import" in dump_after:

@@ -14,28 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import TensorProto
 
-# ONNX element type -> (internal dtype, numpy dtype of the ONNX type)
-ONNX_TYPES = {
-    TensorProto.FLOAT: ("f32", np.float32),
-    TensorProto.INT64: ("i32", np.int64),
-    TensorProto.INT32: ("i32", np.int32),
-    TensorProto.INT16: ("i32", np.int16),
-    TensorProto.INT8: ("i32", np.int8),
-    TensorProto.UINT8: ("i32", np.uint8),
-    TensorProto.UINT16: ("i32", np.uint16),
-    TensorProto.UINT32: ("u32", np.uint32),
-    TensorProto.UINT64: ("u32", np.uint64),     # narrowed to u32 like int64 to i32
-    TensorProto.BOOL: ("bool", np.bool_),
-}
-ONNX_TYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
+from ..dtypes import storage_of
+
 NUMPY_OF_INTERNAL = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "bool": np.bool_}
 
 
 def internal_dtype(elem_type: int) -> str | None:
-    got = ONNX_TYPES.get(elem_type)
-    return got[0] if got else None
+    return storage_of(elem_type)
 
 
 def internal_of_numpy(dt: np.dtype) -> str | None:

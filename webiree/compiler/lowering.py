@@ -27,7 +27,8 @@ from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, We
 from ..ir import kir
 from ..ir.kir import Expr
 from .expand import expand_function
-from .graph import ONNX_TYPE_NAMES, Graph, Node, internal_dtype, internal_of_numpy
+from ..dtypes import name_of
+from .graph import Graph, Node, internal_dtype, internal_of_numpy
 from ..ir.program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
 from ..ir.program import O as OUT_INDEX
 
@@ -77,7 +78,7 @@ class Lowering:
             t = graph.types[name]
             dt = internal_dtype(t.elem_type)
             if dt is None:
-                self.bad_inputs.append((name, ONNX_TYPE_NAMES.get(t.elem_type, str(t.elem_type))))
+                self.bad_inputs.append((name, name_of(t.elem_type)))
                 continue
             self.tensors[name] = Tensor(name, tuple(t.shape), dt, kind="input")
             self.onnx_types[name] = t.elem_type

@@ -7,7 +7,7 @@ here (a JS promise), so the interpreter's coroutines run under Pyodide's
 event loop (`await` from `runPythonAsync`).
 
 * `await BrowserDriver.create(needed_limits)` requests an adapter, checks the
-  module's limits against it (the interpreter's `check_limits`: a clear
+  module's limits against it (the runtime core's `check_requirements`: a clear
   LimitsError), then requests a device with exactly the module's `max_*`
   limits (and timestamp-query when offered).
 * `create_pipeline` starts `createComputePipelineAsync` at once and returns a
@@ -35,7 +35,7 @@ import time
 
 from ..errors import DeviceError, ModelError
 from .hal import Driver, Ready
-from .interpreter import _CHECKED, check_limits
+from .requirements import CHECKED_LIMITS, check_requirements
 
 TIMEOUT_MS = 30000
 NO_WEBGPU_HINT = ("use a recent Chrome/Edge (or Firefox/Safari with WebGPU enabled) over https or localhost; "
@@ -200,7 +200,7 @@ def _missing(x) -> bool:
 def _limits_of(js_limits) -> dict:
     """A GPUSupportedLimits under snake_case names (its getters live on the prototype)."""
     out = {}
-    for key in _CHECKED + _ALIGN + ("max_bind_groups", "max_bindings_per_bind_group"):
+    for key in CHECKED_LIMITS + _ALIGN + ("max_bind_groups", "max_bindings_per_bind_group"):
         v = getattr(js_limits, _camel(key), None)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[key] = int(v)
@@ -257,8 +257,8 @@ class BrowserDriver(Driver):
                               hint="enable hardware acceleration, or try another browser")
         needed = dict(needed_limits or {})
         have = _limits_of(adapter.limits)
-        check_limits(needed, have)   # the same LimitsError as the native driver
-        required = {_camel(k): needed[k] for k in _CHECKED if k in needed and k in have}
+        check_requirements(needed, have)   # the same LimitsError as the native driver
+        required = {_camel(k): needed[k] for k in CHECKED_LIMITS if k in needed and k in have}
         features = ["timestamp-query"] if adapter.features.has("timestamp-query") else []
         what = "adapter.requestDevice()"
         try:

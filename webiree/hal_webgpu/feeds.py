@@ -12,17 +12,16 @@ from __future__ import annotations
 import array
 import sys
 
+from ..dtypes import BY_ONNX, name_of
 from ..errors import FeedError
 
-ONNX_TYPE_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-                   9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
-# ONNX type -> array typecode of its host representation
-HOST_CODES = {1: "f", 2: "B", 3: "b", 4: "H", 5: "h", 6: "i", 7: "q", 9: "B", 12: "I", 13: "Q"}
+# ONNX type -> array typecode of its host representation (the types a module's inputs and outputs have)
+HOST_CODES = {d.onnx: d.host_code for d in BY_ONNX.values() if d.storage}
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def type_name(onnx_type: int) -> str:
-    return ONNX_TYPE_NAMES.get(onnx_type, f"onnx type {onnx_type}")
+    return name_of(onnx_type)
 
 
 def check_shape(io, shape) -> None:

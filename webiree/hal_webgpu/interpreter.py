@@ -13,37 +13,14 @@ from __future__ import annotations
 from ..errors import DeviceError, FeedError, LimitsError, ModelError
 from ..module import format as F
 from .feeds import decode_output, encode_input
-
-# limits the module records; "max_*" must not exceed the adapter's, "min_*" must be multiples of it
-_CHECKED = ("max_compute_invocations_per_workgroup", "max_compute_workgroup_size_x",
-            "max_compute_workgroup_size_y", "max_compute_workgroup_size_z",
-            "max_compute_workgroup_storage_size", "max_compute_workgroups_per_dimension",
-            "max_storage_buffers_per_shader_stage", "max_storage_buffer_binding_size", "max_buffer_size")
-
-
-def check_limits(needed: dict, have: dict) -> None:
-    for key in _CHECKED:
-        if key in needed and key in have and needed[key] > have[key]:
-            raise LimitsError(f"the model needs {key} = {needed[key]}, the adapter offers {have[key]}",
-                              hint="rebuild the model for this adapter's limits (webiree build --limits adapter)")
-    if needed.get("subgroup_size") and needed["subgroup_size"] != have.get("subgroup_size"):
-        offers = (f"runs subgroups of {have['subgroup_size']}" if have.get("subgroup_size")
-                  else "has no usable subgroups")
-        raise LimitsError(f"the model's kernels broadcast within subgroups of {needed['subgroup_size']} "
-                          f"invocations; this adapter {offers}",
-                          hint="rebuild the model for this adapter (webiree build --limits adapter) "
-                               "or with the default limits, which run anywhere")
-    key = "min_storage_buffer_offset_alignment"
-    if key in needed and key in have and needed[key] % have[key]:
-        raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")
-
+from .requirements import check_requirements
 
 class Interpreter:
     def __init__(self, module: F.Module, driver, weights):
         self.m = module
         self.driver = driver
         self.weights = memoryview(weights) if weights is not None else memoryview(b"")
-        check_limits(module.limits, driver.limits())
+        check_requirements(module.limits, driver.limits())
         self.buffers = []
         self.items = []
         self.uploads = []      # (input_index, buffer)

@@ -25,8 +25,9 @@ import asyncio
 import base64
 import json
 
+from ..dtypes import BY_ONNX, DTYPES
 from ..errors import DeviceError, FeedError, ModelError, WebireeError
-from ..hal_webgpu.feeds import ONNX_TYPE_NAMES, check_names, check_shape, decode_output, encode_input, type_name
+from ..hal_webgpu.feeds import check_names, check_shape, decode_output, encode_input, type_name
 from ..hal_webgpu.interpreter import Interpreter
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, WEIGHTS_FILE
 from ..module.format import ModuleFormatError, read_module
@@ -35,17 +36,15 @@ from ..version import __version__
 __all__ = ["InferenceSession", "Tensor", "NodeArg", "WebireeError", "FeedError", "DeviceError", "ModelError",
            "load_sample", "fetch_bytes", "__version__"]
 
-TYPE_OF_NAME = {v: k for k, v in ONNX_TYPE_NAMES.items()}
+TYPE_OF_NAME = {d.name: d.onnx for d in DTYPES if d.name != "string"}
 # array typecode (and item size, for the C long codes) -> ONNX element type
 _INT_TYPES = {("b", 1): 3, ("B", 1): 2, ("h", 2): 5, ("H", 2): 4, ("i", 4): 6, ("I", 4): 12, ("l", 4): 6,
               ("L", 4): 12, ("l", 8): 7, ("L", 8): 13, ("q", 8): 7, ("Q", 8): 13, ("f", 4): 1, ("d", 8): 11}
-_HOST = {1: "f", 2: "B", 3: "b", 4: "H", 5: "h", 6: "i", 7: "q", 9: "B", 11: "d", 12: "I", 13: "Q"}
+_HOST = {d.onnx: d.host_code for d in DTYPES if d.host_code}
 _TYPED_ARRAYS = {"Float32Array": 1, "Float64Array": 11, "Int8Array": 3, "Uint8Array": 2, "Uint8ClampedArray": 2,
                  "Int16Array": 5, "Uint16Array": 4, "Int32Array": 6, "Uint32Array": 12, "BigInt64Array": 7,
                  "BigUint64Array": 13}
-_NUMPY = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "bool", 11: "<f8", 12: "<u4",
-          13: "<u8"}
-_ORT = {1: "tensor(float)", 7: "tensor(int64)", 6: "tensor(int32)", 9: "tensor(bool)"}
+_NUMPY = {d.onnx: d.numpy for d in DTYPES}
 
 
 class NodeArg:
@@ -120,6 +119,10 @@ class Tensor:
         more = ", ..." if len(self.data) > 6 else ""
         label = f"{self.name}: " if self.name else ""
         return f"Tensor({label}{self.type} {list(self.shape)} [{head}{more}])"
+
+
+def _ort_type(t: int) -> str:
+    return BY_ONNX[t].ort_type if t in BY_ONNX else f"tensor({type_name(t)})"
 
 
 def _host_array(data):
@@ -275,11 +278,11 @@ class InferenceSession:
         return cls(module, interp, driver, manifest, url)
 
     def get_inputs(self) -> list:
-        return [NodeArg(io.name, list(io.shape), _ORT.get(io.onnx_type, f"tensor({type_name(io.onnx_type)})"))
+        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type))
                 for io in self.module.inputs]
 
     def get_outputs(self) -> list:
-        return [NodeArg(io.name, list(io.shape), _ORT.get(io.onnx_type, f"tensor({type_name(io.onnx_type)})"))
+        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type))
                 for io in self.module.outputs]
 
     async def run(self, output_names, input_feed, *, profile: bool = False) -> list:

@@ -13,21 +13,6 @@ from ..ir import program as P
 from .kernels.common import KernelConfig
 from .kernels.matmul import matmul_subgroup_ok, matmul_vec4_ok
 
-# WebGPU's default limits: what every adapter offers, so a site built with them runs anywhere.
-DEFAULT_LIMITS = {
-    "max_compute_invocations_per_workgroup": 256,
-    "max_compute_workgroup_size_x": 256,
-    "max_compute_workgroup_size_y": 256,
-    "max_compute_workgroup_size_z": 64,
-    "max_compute_workgroup_storage_size": 16384,
-    "max_compute_workgroups_per_dimension": 65535,
-    "max_storage_buffers_per_shader_stage": 8,
-    "max_storage_buffer_binding_size": 134217728,
-    "max_buffer_size": 268435456,
-    "min_storage_buffer_offset_alignment": 256,
-}
-
-
 # Workgroups a dispatch should offer a discrete GPU before register blocks grow (about two
 # per multiprocessor on a large GPU; WebGPU does not tell the multiprocessor count).
 GPU_FILL_WORKGROUPS = 256

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...dtypes import BY_ONNX, ONNX_OF_STORAGE
 from ...errors import ShapeError
 from .registry import Unsupported
 
@@ -53,9 +54,6 @@ def const_scalar(ctx, node, index: int, attr: str | None = None, default=None):
     return default
 
 
-ONNX_TO_INTERNAL = {1: "f32", 6: "i32", 7: "i32", 5: "i32", 3: "i32", 2: "i32", 4: "i32", 12: "u32", 13: "u32", 9: "bool"}
-
-
 def onnx_type(ctx, name: str) -> int:
     """The ONNX element type of a tensor, as far as it is known (storage type otherwise)."""
     if name in ctx.graph.types:
@@ -66,9 +64,8 @@ def onnx_type(ctx, name: str) -> int:
     if c is not None:
         from onnx import helper
         return helper.np_dtype_to_tensor_dtype(np.asarray(c).dtype)
-    return {"f32": 1, "i32": 6, "u32": 12, "bool": 9}[ctx.dtype(name)]
+    return ONNX_OF_STORAGE[ctx.dtype(name)]
 
 
 # ONNX integer type -> (bits, signed)
-INT_BITS = {2: (8, False), 3: (8, True), 4: (16, False), 5: (16, True), 6: (32, True), 7: (64, True),
-            12: (32, False), 13: (64, False)}
+INT_BITS = {d.onnx: (d.bits, d.signed) for d in BY_ONNX.values() if d.numpy[-2] in "iu"}

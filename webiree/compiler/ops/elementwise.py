@@ -15,7 +15,8 @@ import numpy as np
 from ...ir import kir
 from ...ir.kir import Expr, f32, select
 from .registry import Unsupported, register
-from .common import INT_BITS, ONNX_TO_INTERNAL, broadcast_shapes, onnx_type
+from ...dtypes import storage_of
+from .common import INT_BITS, broadcast_shapes, onnx_type
 
 
 def _softplus(x: Expr) -> Expr:
@@ -315,7 +316,7 @@ def cast(ctx, node):
                 to = {"f32": 1, "i32": 6, "u32": 12, "bool": 9}[ctx.dtype(like)]
     if to == 11 and node.outputs[0] not in ctx.graph.outputs:
         to = 1   # a float64 intermediate is computed in float32 (WGSL has no f64)
-    target = ONNX_TO_INTERNAL.get(to)
+    target = storage_of(to)
     if target is None:
         raise Unsupported(f"Cast to ONNX type {to} (WebGPU computes in 32-bit types)")
     src = ctx.dtype(x)

@@ -18,6 +18,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ..graph import Node, internal_dtype
 from .registry import Unsupported, register
+from ...dtypes import BY_ONNX
 from .common import INT_BITS, onnx_type
 
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
@@ -203,7 +204,7 @@ def bitcast(ctx, node):
     dt = internal_dtype(to)
     if dt is None:
         raise Unsupported(f"BitCast to ONNX type {to}")
-    widths = {1: 32, 6: 32, 12: 32, 2: 8, 3: 8, 9: 8, 4: 16, 5: 16}
+    widths = {t: BY_ONNX[t].bits for t in (1, 6, 12, 2, 3, 9, 4, 5)}    # the types kernels hold in 32 bits
     if widths.get(src_t) is None or widths.get(to) is None or widths[src_t] != widths[to]:
         raise Unsupported(f"BitCast from ONNX type {src_t} to {to} (only same-width types up to 32 bits)")
     src_dt = ctx.dtype(x)

@@ -1,0 +1,31 @@
+"""A module's requirements against an adapter: the runtime core's one check (pure Python)."""
+
+from __future__ import annotations
+
+from ..errors import LimitsError
+
+# "max_*" limits a module records must not exceed the adapter's; "min_*" must be multiples of it
+CHECKED_LIMITS = ("max_compute_invocations_per_workgroup", "max_compute_workgroup_size_x",
+                  "max_compute_workgroup_size_y", "max_compute_workgroup_size_z",
+                  "max_compute_workgroup_storage_size", "max_compute_workgroups_per_dimension",
+                  "max_storage_buffers_per_shader_stage", "max_storage_buffer_binding_size", "max_buffer_size")
+
+
+def check_requirements(needed: dict, have: dict) -> None:
+    """Raise a LimitsError naming the first limit or feature the module needs (its recorded
+    limits) that the adapter (`have`, snake_case names) does not offer. Every runtime calls this
+    before it creates anything: the native and browser drivers, and webiree.js follows it."""
+    for key in CHECKED_LIMITS:
+        if key in needed and key in have and needed[key] > have[key]:
+            raise LimitsError(f"the model needs {key} = {needed[key]}, the adapter offers {have[key]}",
+                              hint="rebuild the model for this adapter's limits (webiree build --limits adapter)")
+    if needed.get("subgroup_size") and needed["subgroup_size"] != have.get("subgroup_size"):
+        offers = (f"runs subgroups of {have['subgroup_size']}" if have.get("subgroup_size")
+                  else "has no usable subgroups")
+        raise LimitsError(f"the model's kernels broadcast within subgroups of {needed['subgroup_size']} "
+                          f"invocations; this adapter {offers}",
+                          hint="rebuild the model for this adapter (webiree build --limits adapter) "
+                               "or with the default limits, which run anywhere")
+    key = "min_storage_buffer_offset_alignment"
+    if key in needed and key in have and needed[key] % have[key]:
+        raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")
