@@ -206,3 +206,29 @@ def test_row_block_conv(x, w, kw, tmp_path, cpu_limits):
                     "lo": np.array(-1.0, np.float32), "hi": np.array(6.0, np.float32)})
     res, _ = run_cpu(m, tmp_path, cpu_limits)
     assert strategies(res) == ["row-block"]
+
+
+def test_every_op_kind_has_a_strategy_for_every_device_class():
+    from webiree.ir import program as P
+    from webiree.wgsl_codegen import config
+
+    kinds = {c for c in vars(P).values() if isinstance(c, type) and issubclass(c, P.Op) and c not in (P.Op, P.Anchor)}
+    assert kinds == set(config.TABLE)
+    for kind, by_class in config.TABLE.items():
+        assert set(by_class) == {"cpu", "gpu"} and all(by_class.values()), kind
+        assert all(s in config.PLANNERS for ss in by_class.values() for s in ss), kind
+
+
+def test_forced_strategy_that_breaks_a_prerequisite_names_it(tmp_path, monkeypatch):
+    """A tuning table or benchmark that forces vec4 tiles on a product whose N is not a multiple of
+    4 gets an error naming the strategy and the prerequisite, never a wrong kernel."""
+    from webiree.ir import program as P
+    from webiree.wgsl_codegen import config
+
+    forced = config.KernelConfig((16, 16, 1), (1, 1, 16), 4, "tiled-shared-vec4")
+    original = config.choose
+    monkeypatch.setattr(config, "choose", lambda op, prog, lim: forced if isinstance(op, P.MatMul)
+                        else original(op, prog, lim))
+    m = single("MatMul", [[32, 16], [16, 30]], [32, 30])
+    with pytest.raises(webiree.CompilerBug, match="the tiled-shared-vec4 kernel needs vec4 rows"):
+        webiree.compile(m, tmp_path)

@@ -1,17 +1,23 @@
-"""Kernel configuration: the one heuristic that sizes every dispatch.
+"""The kernel planner: the one heuristic that chooses and sizes every dispatch's kernel.
 
-Decided once here, recorded on the dispatch (and in the module, shown by
-`webiree inspect`), and only read by the kernel builders (DESIGN.md contract
-3). A tuning cache can later override a `KernelConfig` by dispatch key.
-All sizes respect the target limits (invocations per workgroup, workgroup
-storage bytes, workgroups per dimension).
+Decided once here, recorded on the dispatch (and in the module, shown by `webiree
+inspect`), and only read by the kernel builders (DESIGN.md contract 3; after
+onnxruntime's WebGPU matmul planner). `TABLE` lists, per op kind and device class,
+the strategies in order of preference; the first whose prerequisites hold
+(`kernels.check`) and whose planner below accepts the problem sizes it. A tuning
+table can later override the chosen `KernelConfig` by dispatch key. All sizes
+respect the target's limits (invocations per workgroup, workgroup storage bytes,
+workgroups per dimension).
 """
 
 from __future__ import annotations
 
+from ..errors import CompilerBug
 from ..ir import program as P
-from .kernels.common import KernelConfig
-from .kernels.matmul import matmul_subgroup_ok, matmul_vec4_ok
+from .kernels import check
+from .kernels.common import ConvTile, KernelConfig, MatmulTile, RowBlockTile
+from .kernels.common import Strategy as S
+from .kernels.matmul import matmul_vec4_ok
 
 # Workgroups a dispatch should offer a discrete GPU before register blocks grow (about two
 # per multiprocessor on a large GPU; WebGPU does not tell the multiprocessor count).
@@ -25,102 +31,152 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return p
 
 
-def subgroup_matmuls(limits: dict) -> bool:
-    """CPU adapters whose workgroup of subgroup_size invocations is one subgroup get the
-    subgroup-broadcast matmul (kernels/matmul.py)."""
-    return limits.get("device_class") == "cpu" and limits.get("subgroup_size", 0) in (4, 8, 16)
+# ----------------------------------------------------------------------------
+# one planner per strategy: (op, limits) -> its KernelConfig, or None where the sizes do not suit it
+
+def _subgroup_broadcast(op: P.MatMul, limits: dict):
+    # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
+    # RM x RN slots of accumulators (128 floats either way) per invocation.
+    S_ = limits["subgroup_size"]
+    vec = 4 if matmul_vec4_ok(op) else 1
+    slots = op.n // vec
+    rn = max(1, min(2 if vec == 4 else 8, -(-slots // S_)))
+    rm = max(1, min(16, op.m))
+    groups = lambda: -(-slots // (S_ * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
+    while groups() < 4 and rm > 1:
+        rm = max(1, rm // 2)
+    return KernelConfig((S_, 1, 1), MatmulTile(rm, rn, 4 * S_), vec, S.SUBGROUP_BROADCAST)
+
+
+def _register_blocked(op: P.MatMul, limits: dict):
+    # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
+    # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
+    # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
+    # columns) streams B fewer times; measured 11.6 GFLOP/s vs 1 for 4x1 blocks on lavapipe.
+    vec = 4 if matmul_vec4_ok(op) else 1
+    cols = -(-op.n // vec)
+    wx = 8
+    rn = max(1, min(12 if vec == 4 else 16, -(-cols // wx)))
+    rm = max(1, min(16, op.m))
+    groups = lambda: -(-cols // (wx * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
+    while rm * rn > 48 and rm > 4:     # keep shaders small: LLVM compile time grows fast
+        rm //= 2
+    while groups() < 4 and rm > 1:
+        rm = max(1, rm // 2)
+    return KernelConfig((wx, 1, 1), MatmulTile(rm, rn, 4 if op.k >= 4 else 1), vec, S.REGISTER_BLOCKED)
+
+
+def _split_k(op: P.MatMul, limits: dict):
+    # a small output with a long K (BERT's 128 x 512 x 128): split K over 4 slices of 8 x 8
+    # invocations. On the H200 (benchmarks/matmul_variants.py): 0.016 vs 0.028 ms for one
+    # 128x512x128 product, 0.309 vs 0.387 ms for 128x1536x384.
+    if op.k >= 256 and op.m * op.n <= 65536:
+        return KernelConfig((8, 8, 4), MatmulTile(1, 1, 16), 1, S.SPLIT_K)
+    return None
+
+
+def _tiled_shared_vec4(op: P.MatMul, limits: dict):
+    # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
+    # block that still offers the GPU enough workgroups, K steps of 16 where they fit.
+    # A product too small to fill the GPU even with 1 x 1 blocks (BERT's 128 x 128 x 512)
+    # takes the scalar tiles instead, whose 16 x 16 tiles make 4x more workgroups: on the
+    # H200 MobileBERT ran in 11.1 ms this way and in 14.7 ms with vec4 tiles everywhere,
+    # although one-dispatch timings (benchmarks/matmul_variants.py) favour vec4 tiles.
+    batch = max(1, P.numel(op.batch))
+    n4 = op.n // 4
+    groups = lambda rm, rn: -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch  # noqa: E731
+    if groups(1, 1) < GPU_FILL_WORKGROUPS // 2:
+        return None
+    rm, rn = next(((rm, rn) for rm, rn in ((8, 2), (4, 2), (4, 1), (2, 1))
+                   if groups(rm, rn) >= GPU_FILL_WORKGROUPS), (1, 1))
+    for bk in (16, 8):
+        if 4 * bk * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]:
+            return KernelConfig((16, 16, 1), MatmulTile(rm, rn, bk), 4, S.TILED_SHARED_VEC4)
+    return None
+
+
+def _tiled_shared(op: P.MatMul, limits: dict):
+    # 16x16 threads, each an RM x RN register block, K in steps of TK. The block is the
+    # largest that still gives the GPU enough workgroups to fill it (a small product such
+    # as BERT's 128x384 makes only 12 workgroups with 64x64 tiles).
+    inv = limits["max_compute_invocations_per_workgroup"]
+    wx = min(16, limits["max_compute_workgroup_size_x"])
+    wy = max(1, min(16, inv // wx, limits["max_compute_workgroup_size_y"]))
+    batch = max(1, P.numel(op.batch))
+    rm = rn = 1
+    for r in (8, 4, 2):
+        if -(-op.m // (wy * r)) * -(-op.n // (wx * r)) * batch >= GPU_FILL_WORKGROUPS:
+            rm = rn = r
+            break
+    if op.m < wy:
+        rm = 1
+    tk = 8 if rm * rn >= 64 else 16
+    shared = 4 * tk * (wy * rm + wx * rn)
+    while shared > limits["max_compute_workgroup_storage_size"] and tk > 1:
+        tk //= 2
+        shared = 4 * tk * (wy * rm + wx * rn)
+    return KernelConfig((wx, wy, 1), MatmulTile(rm, rn, tk), 1, S.TILED_SHARED)
+
+
+def _row_block(op: P.Conv, limits: dict):
+    # CPU adapters, small windows (depthwise 3x3, the stem): 4 outputs of a row per invocation
+    # (lavapipe: DeepLabV3 convolutions 564 -> 362 ms with workgroups of 64, the same with 8 on MobileNetV2)
+    if op.out_shape[3] >= 4 and op.w_shape[1] * op.w_shape[2] * op.w_shape[3] <= 64:
+        return KernelConfig((64, 1, 1), RowBlockTile(1, 4), 1, S.ROW_BLOCK)
+    return None
+
+
+def _direct(op: P.Conv, limits: dict):
+    cout_per_group = op.w_shape[0] // op.group
+    cb = 4 if cout_per_group % 4 == 0 else (2 if cout_per_group % 2 == 0 else 1)
+    return KernelConfig((min(64, limits["max_compute_invocations_per_workgroup"]), 1, 1), ConvTile(cb), 1,
+                        S.DIRECT)
+
+
+def _row_per_invocation(op, limits: dict):
+    # one row per invocation of a SIMD-wide workgroup: no barriers (a coroutine switch on lavapipe)
+    return KernelConfig((8, 1, 1), (), 1, S.ROW_PER_INVOCATION)
+
+
+def _workgroup_tree(op, limits: dict):
+    inv = limits["max_compute_invocations_per_workgroup"]
+    return KernelConfig((_pow2_at_most(max(op.r, 1), min(64, inv)), 1, 1), (), 1, S.WORKGROUP_TREE)
+
+
+def _one_per_output(strategy):
+    return lambda op, limits: KernelConfig((min(64, limits["max_compute_invocations_per_workgroup"]), 1, 1), (),
+                                           1, strategy)
+
+
+PLANNERS = {
+    S.SUBGROUP_BROADCAST: _subgroup_broadcast, S.REGISTER_BLOCKED: _register_blocked, S.SPLIT_K: _split_k,
+    S.TILED_SHARED_VEC4: _tiled_shared_vec4, S.TILED_SHARED: _tiled_shared, S.ROW_BLOCK: _row_block,
+    S.DIRECT: _direct, S.ROW_PER_INVOCATION: _row_per_invocation, S.WORKGROUP_TREE: _workgroup_tree,
+    S.WINDOW: _one_per_output(S.WINDOW), S.ELEMENTWISE: _one_per_output(S.ELEMENTWISE),
+}
+
+# op kind -> device class -> strategies, most preferred first. An adapter of unknown class
+# (the default target) gets the GPU kernels.
+_ROWS = {"cpu": (S.ROW_PER_INVOCATION,), "gpu": (S.WORKGROUP_TREE,)}
+TABLE = {
+    P.MatMul: {"cpu": (S.SUBGROUP_BROADCAST, S.REGISTER_BLOCKED),
+               "gpu": (S.SPLIT_K, S.TILED_SHARED_VEC4, S.TILED_SHARED)},
+    P.Conv: {"cpu": (S.ROW_BLOCK, S.DIRECT), "gpu": (S.DIRECT,)},
+    P.Softmax: _ROWS,
+    P.LayerNorm: _ROWS,
+    P.Reduce: {"cpu": (S.WORKGROUP_TREE,), "gpu": (S.WORKGROUP_TREE,)},
+    P.Pool: {"cpu": (S.WINDOW,), "gpu": (S.WINDOW,)},
+    P.Generic: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
+    P.Loop: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
+}
 
 
 def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
-    inv = limits["max_compute_invocations_per_workgroup"]
-    cpu = limits.get("device_class") == "cpu"
-    if isinstance(op, P.MatMul) and subgroup_matmuls(limits):
-        if matmul_subgroup_ok(op):
-            # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
-            # RM x RN slots of accumulators (128 floats either way) per invocation.
-            S = limits["subgroup_size"]
-            vec = 4 if matmul_vec4_ok(op) else 1
-            slots = op.n // vec
-            rn = max(1, min(2 if vec == 4 else 8, -(-slots // S)))
-            rm = max(1, min(16, op.m))
-            groups = lambda: -(-slots // (S * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
-            while groups() < 4 and rm > 1:
-                rm = max(1, rm // 2)
-            return KernelConfig((S, 1, 1), (rm, rn, 4 * S), vec, "subgroup-broadcast")
-    if isinstance(op, P.MatMul) and cpu:
-        # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
-        # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
-        # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
-        # columns) streams B fewer times; measured 11.6 GFLOP/s vs 1 for 4x1 blocks on lavapipe.
-        vec = 4 if matmul_vec4_ok(op) else 1
-        cols = -(-op.n // vec)
-        wx = 8
-        rn = max(1, min(12 if vec == 4 else 16, -(-cols // wx)))
-        rm = max(1, min(16, op.m))
-        groups = lambda: -(-cols // (wx * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
-        while rm * rn > 48 and rm > 4:     # keep shaders small: LLVM compile time grows fast
-            rm //= 2
-        while groups() < 4 and rm > 1:
-            rm = max(1, rm // 2)
-        return KernelConfig((wx, 1, 1), (rm, rn, 4 if op.k >= 4 else 1), vec, "register-blocked")
-    if isinstance(op, P.MatMul) and not cpu and op.k >= 256 and op.m * op.n <= 65536 and \
-            limits["max_compute_workgroup_size_z"] >= 4 and inv >= 256:
-        # a small output with a long K (BERT's 128 x 512 x 128): split K over 4 slices of 8 x 8
-        # invocations. On the H200 (benchmarks/matmul_variants.py): 0.016 vs 0.028 ms for one
-        # 128x512x128 product, 0.309 vs 0.387 ms for 128x1536x384.
-        return KernelConfig((8, 8, 4), (1, 1, 16), 1, "split-k")
-    if isinstance(op, P.MatMul) and not cpu:
-        if matmul_vec4_ok(op) and matmul_subgroup_ok(op) and op.a not in op.prologues and inv >= 256 and \
-                limits["max_compute_workgroup_size_x"] >= 16 and limits["max_compute_workgroup_size_y"] >= 16:
-            # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
-            # block that still offers the GPU enough workgroups, K steps of 16 where they fit.
-            # A product too small to fill the GPU even with 1 x 1 blocks (BERT's 128 x 128 x 512)
-            # takes the scalar kernel below, whose 16 x 16 tiles make 4x more workgroups: on the
-            # H200 MobileBERT ran in 11.1 ms this way and in 14.7 ms with vec4 tiles everywhere,
-            # although one-dispatch timings (benchmarks/matmul_variants.py) favour vec4 tiles.
-            batch = max(1, P.numel(op.batch))
-            n4 = op.n // 4
-            groups = lambda rm, rn: -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch  # noqa: E731
-            if groups(1, 1) >= GPU_FILL_WORKGROUPS // 2:
-                rm, rn = next(((rm, rn) for rm, rn in ((8, 2), (4, 2), (4, 1), (2, 1))
-                               if groups(rm, rn) >= GPU_FILL_WORKGROUPS), (1, 1))
-                for bk in (16, 8):
-                    if 4 * bk * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]:
-                        return KernelConfig((16, 16, 1), (rm, rn, bk), 4, "tiled-shared-vec4")
-    if isinstance(op, P.MatMul):
-        # 16x16 threads, each an RM x RN register block, K in steps of TK. The block is the
-        # largest that still gives the GPU enough workgroups to fill it (a small product such
-        # as BERT's 128x384 makes only 12 workgroups with 64x64 tiles).
-        wx = min(16, limits["max_compute_workgroup_size_x"])
-        wy = max(1, min(16, inv // wx, limits["max_compute_workgroup_size_y"]))
-        batch = max(1, P.numel(op.batch))
-        rm = rn = 1
-        for r in (8, 4, 2):
-            if -(-op.m // (wy * r)) * -(-op.n // (wx * r)) * batch >= GPU_FILL_WORKGROUPS:
-                rm = rn = r
-                break
-        if op.m < wy:
-            rm = 1
-        tk = 8 if rm * rn >= 64 else 16
-        shared = 4 * tk * (wy * rm + wx * rn)
-        while shared > limits["max_compute_workgroup_storage_size"] and tk > 1:
-            tk //= 2
-            shared = 4 * tk * (wy * rm + wx * rn)
-        return KernelConfig((wx, wy, 1), (rm, rn, tk), 1, "tiled-shared")
-    if isinstance(op, P.Conv) and cpu and len(op.x_shape) == 4 and op.out_shape[3] >= 4 and \
-            op.w_shape[1] * op.w_shape[2] * op.w_shape[3] <= 64:
-        # CPU adapters, small windows (depthwise 3x3, the stem): 4 outputs of a row per invocation
-        # (lavapipe: DeepLabV3 convolutions 564 -> 362 ms with workgroups of 64, the same with 8 on MobileNetV2)
-        return KernelConfig((64, 1, 1), (1, 4), 1, "row-block")
-    if isinstance(op, P.Conv):
-        cout_per_group = op.w_shape[0] // op.group
-        cb = 4 if cout_per_group % 4 == 0 else (2 if cout_per_group % 2 == 0 else 1)
-        return KernelConfig((min(64, inv), 1, 1), (cb,), 1, "direct")
-    if isinstance(op, (P.Softmax, P.LayerNorm)) and cpu:
-        # one row per invocation of a SIMD-wide workgroup: no barriers (a coroutine switch on lavapipe)
-        return KernelConfig((8, 1, 1), (), 1, "row-per-invocation")
-    if isinstance(op, (P.Reduce, P.Softmax, P.LayerNorm)):
-        return KernelConfig((_pow2_at_most(max(op.r, 1), min(64, inv)), 1, 1), (), 1, "workgroup-tree")
-    if isinstance(op, P.Pool):
-        return KernelConfig((min(64, inv), 1, 1), (), 1, "window")
-    return KernelConfig((min(64, inv), 1, 1), (), 1, "elementwise")
+    device_class = "cpu" if limits.get("device_class") == "cpu" else "gpu"
+    for strategy in TABLE[type(op)][device_class]:
+        if check(strategy, op, limits) is None:
+            cfg = PLANNERS[strategy](op, limits)
+            if cfg is not None:
+                return cfg
+    raise CompilerBug(f"no kernel strategy of {TABLE[type(op)][device_class]} takes {op.name}",
+                      hint="the planner's table lacks a fallback; please report this")

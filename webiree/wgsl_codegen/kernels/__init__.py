@@ -20,7 +20,9 @@ from __future__ import annotations
 from ...errors import LimitsError
 from ...ir import kir
 from ...ir import program as P
-from .common import Binder, Dispatch, KernelConfig, grid_for
+from ...errors import CompilerBug
+from . import conv, matmul
+from .common import Binder, Dispatch, KernelConfig, Strategy, grid_for
 from .conv import build_conv
 from .elementwise import build_generic
 from .loop import build_loop
@@ -35,7 +37,20 @@ BUILDERS = {
 }
 
 
+def check(strategy: Strategy, op: P.Op, limits: dict) -> str | None:
+    """Why `strategy` cannot build `op` on a target with these limits (None: it can)."""
+    if isinstance(op, P.MatMul):
+        return matmul.check(strategy, op, limits)
+    if isinstance(op, P.Conv):
+        return conv.check(strategy, op, limits)
+    return None
+
+
 def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatch:
+    why = check(cfg.strategy, op, limits)
+    if why:
+        raise CompilerBug(f"dispatch {op.name}: the {cfg.strategy.value} kernel {why}",
+                          hint="a tuning table or forced configuration chose a strategy this op cannot use")
     builder = BUILDERS[type(op)]
     b = Binder(prog, getattr(op, "prologues", None))
     body, shared, grid = builder(op, prog, cfg, limits, b)
@@ -46,4 +61,4 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, b.tensors)
 
 
-__all__ = ["BUILDERS", "Dispatch", "KernelConfig", "build", "grid_for"]
+__all__ = ["BUILDERS", "Dispatch", "KernelConfig", "Strategy", "build", "check", "grid_for"]

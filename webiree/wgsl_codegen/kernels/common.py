@@ -7,7 +7,9 @@ last binding; every index is i32; the 1-D workgroup id is folded over
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from ...ir import program as P
 from ...ir.program import O
@@ -16,16 +18,64 @@ from ...ir.kir import For, If, Let, f32, i32, lvar
 from ...errors import LimitsError
 
 
+class Strategy(str, enum.Enum):
+    """Every kernel variant, by family (the value is the name recorded in the module)."""
+    ELEMENTWISE = "elementwise"                  # Generic, Loop: one invocation per output element
+    SUBGROUP_BROADCAST = "subgroup-broadcast"    # matmul, CPU adapters with subgroups
+    REGISTER_BLOCKED = "register-blocked"        # matmul, CPU adapters
+    SPLIT_K = "split-k"                          # matmul, GPUs: small output, long K
+    TILED_SHARED_VEC4 = "tiled-shared-vec4"      # matmul, GPUs: vec4 tiles in workgroup memory
+    TILED_SHARED = "tiled-shared"                # matmul, GPUs: scalar tiles in workgroup memory
+    DIRECT = "direct"                            # conv: a block of output channels per invocation
+    ROW_BLOCK = "row-block"                      # conv, CPU adapters: outputs of a row per invocation
+    WINDOW = "window"                            # pool: one invocation per output
+    WORKGROUP_TREE = "workgroup-tree"            # reduce, softmax, layernorm: a row per workgroup
+    ROW_PER_INVOCATION = "row-per-invocation"    # softmax, layernorm, CPU adapters
+
+
+class MatmulTile(NamedTuple):
+    """An invocation's register block: `rows` rows x `cols` column slots (a slot is one column,
+    or a vec4 of 4 with vector 4), and the K step (subgroup-broadcast: 4 x the subgroup size;
+    split-k: the K values a slice loads at once)."""
+    rows: int
+    cols: int
+    k_step: int
+
+
+class ConvTile(NamedTuple):
+    out_channels: int            # direct: output channels one invocation computes
+
+
+class RowBlockTile(NamedTuple):
+    rows: int                    # row-block: output rows and
+    width: int                   # consecutive outputs of a row one invocation computes
+
+
+TILES = {Strategy.SUBGROUP_BROADCAST: MatmulTile, Strategy.REGISTER_BLOCKED: MatmulTile,
+         Strategy.SPLIT_K: MatmulTile, Strategy.TILED_SHARED_VEC4: MatmulTile, Strategy.TILED_SHARED: MatmulTile,
+         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile}
+
+
 @dataclass
 class KernelConfig:
-    """How one dispatch is built: chosen once by config.choose (or a tuning table), only read here."""
+    """How one dispatch is built: chosen once by config.choose (or a tuning table), only read by
+    the builders. The tile is the strategy's own named tuple (TILES); plain tuples and strategy
+    names, as a tuning table or a benchmark writes them, are converted."""
     workgroup_size: tuple[int, int, int]
-    tile: tuple = ()            # matmul: (rows per thread, cols per thread, k step); conv: (out channels per thread,)
+    tile: tuple = ()
     vector: int = 1
-    strategy: str = ""          # a name for the kernel variant
+    strategy: Strategy = Strategy.ELEMENTWISE
+
+    def __post_init__(self):
+        self.strategy = Strategy(self.strategy)
+        if self.strategy in TILES:
+            self.tile = TILES[self.strategy](*self.tile)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["strategy"] = self.strategy.value
+        d["tile"] = tuple(self.tile)
+        return d
 
 
 NEG_INF = float("-inf")

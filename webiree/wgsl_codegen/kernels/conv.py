@@ -6,7 +6,7 @@ from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Decl, For, If, Let, Store, f32, i32, lvar, select
-from .common import Binder, grid_for, linear_wid, lid, epilogue, window_loops
+from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, window_loops
 
 
 def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
@@ -15,7 +15,7 @@ def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
     RW outputs and each weight once (llvmpipe pays per load and lane: a 3x3 depthwise window
     for 4 outputs is 3 x 6 + 9 loads instead of 4 x 18)."""
     wg = cfg.workgroup_size[0]
-    _, rw = cfg.tile
+    rw = cfg.tile.width
     N, C, H, W = op.x_shape
     M, Cg, KH, KW = op.w_shape
     Mg = M // op.group
@@ -61,11 +61,20 @@ def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
     return body, [], grid_for(-(-total // wg), limits)
 
 
+def check(strategy: Strategy, op: P.Conv, limits: dict) -> str | None:
+    """Why `strategy` cannot build this convolution (None: it can)."""
+    if strategy == Strategy.ROW_BLOCK and len(op.x_shape) != 4:
+        return "handles 2-D convolutions only"
+    if strategy not in (Strategy.ROW_BLOCK, Strategy.DIRECT):
+        return "is not a convolution strategy"
+    return None
+
+
 def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
-    if cfg.strategy == "row-block":
+    if cfg.strategy == Strategy.ROW_BLOCK:
         return _conv_row_block(op, prog, cfg, limits, b)
     wg = cfg.workgroup_size[0]
-    (cb,) = cfg.tile
+    cb = cfg.tile.out_channels
     N, C = op.x_shape[:2]
     in_sp = op.x_shape[2:]
     M = op.w_shape[0]

@@ -8,7 +8,7 @@ from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
-from .common import Binder, lid, epilogue
+from .common import Strategy, Binder, lid, epilogue
 
 
 def _batch_offsets(op: P.MatMul):
@@ -28,15 +28,10 @@ def _batch_offsets(op: P.MatMul):
 def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     if numel(op.batch) > limits["max_compute_workgroups_per_dimension"]:
         raise LimitsError(f"MatMul batch {numel(op.batch)} exceeds the workgroups per dimension limit")
-    if cfg.strategy == "subgroup-broadcast":
-        return _matmul_subgroup(op, prog, cfg, limits, b)
-    if cfg.strategy == "tiled-shared-vec4":
-        return _matmul_shared_vec4(op, prog, cfg, limits, b)
-    if cfg.strategy == "split-k":
-        return _matmul_split_k(op, prog, cfg, limits, b)
-    if cfg.strategy == "register-blocked":
-        return _matmul_registers(op, prog, cfg, limits, b)
-    return _matmul_shared(op, prog, cfg, limits, b)
+    builder = {Strategy.SUBGROUP_BROADCAST: _matmul_subgroup, Strategy.TILED_SHARED_VEC4: _matmul_shared_vec4,
+               Strategy.SPLIT_K: _matmul_split_k, Strategy.REGISTER_BLOCKED: _matmul_registers,
+               Strategy.TILED_SHARED: _matmul_shared}[cfg.strategy]
+    return builder(op, prog, cfg, limits, b)
 
 
 def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str) -> list:
@@ -55,7 +50,7 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     adjacent columns. Lanes read consecutive B slots; A reads are uniform across the
     workgroup. Suits CPU adapters (lavapipe vectorizes across invocations)."""
     wx = cfg.workgroup_size[0]
-    rm, rn, uk = cfg.tile
+    rm, rn, uk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     vec = cfg.vector
     M, N, K = op.m, op.n, op.k
     slots = N // vec
@@ -126,6 +121,30 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
     return body
 
 
+def check(strategy: Strategy, op: P.MatMul, limits: dict) -> str | None:
+    """Why `strategy` cannot build this product on this target (None: it can). The planner asks
+    before it chooses; `build` asks again, so a forced choice (a tuning table, a benchmark)
+    that breaks a prerequisite is an error naming the strategy, never a wrong kernel."""
+    wg_x, wg_y = limits["max_compute_workgroup_size_x"], limits["max_compute_workgroup_size_y"]
+    inv = limits["max_compute_invocations_per_workgroup"]
+    if strategy == Strategy.SUBGROUP_BROADCAST:
+        if limits.get("subgroup_size", 0) not in (4, 8, 16):
+            return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"
+        if not matmul_subgroup_ok(op):
+            return "needs A row-major with K a multiple of 4, and B not transposed"
+    elif strategy == Strategy.TILED_SHARED_VEC4:
+        if not (matmul_vec4_ok(op) and matmul_subgroup_ok(op)) or op.a in op.prologues:
+            return "needs vec4 rows of A (K % 4 == 0, stored) and of B and C (N % 4 == 0)"
+        if inv < 256 or wg_x < 16 or wg_y < 16:
+            return "needs 16 x 16 invocations per workgroup"
+    elif strategy == Strategy.SPLIT_K:
+        if limits["max_compute_workgroup_size_z"] < 4 or inv < 256:
+            return "needs 8 x 8 x 4 invocations per workgroup"
+    elif strategy not in (Strategy.REGISTER_BLOCKED, Strategy.TILED_SHARED):
+        return "is not a matmul strategy"
+    return None
+
+
 def matmul_vec4_ok(op: P.MatMul) -> bool:
     """B and C can be read and written as vec4 rows."""
     return op.n % 4 == 0 and not op.trans_b and op.b not in op.prologues
@@ -146,7 +165,7 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     subgroupBroadcast hands to every invocation. Measured on 128x384x1536: 31 GFLOP/s vs 12.5
     for the register-blocked kernel, which loads the same A value in every invocation."""
     S = cfg.workgroup_size[0]
-    rm, rn, kb = cfg.tile            # kb = 4 * S: the K values one A load per invocation covers
+    rm, rn, kb = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step   # kb = 4 * S: the K one A load covers
     vec = cfg.vector
     M, N, K = op.m, op.n, op.k
     slots, K4 = N // vec, K // 4
@@ -200,7 +219,7 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
     columns x + 16j (j < RN), reading RM + 4*RN vec4s of workgroup memory per 4 values of K
     for 16*RM*RN multiply-adds."""
     wx, wy, _ = cfg.workgroup_size
-    rm, rn, bk = cfg.tile
+    rm, rn, bk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     M, N, K = op.m, op.n, op.k
     N4, K4, BK4 = N // 4, K // 4, bk // 4
     tm, tn4 = wy * rm, wx * rn
@@ -272,7 +291,7 @@ def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
     KS-th step of TK values of K; the KS partial sums meet in workgroup memory. A GPU gets
     more, shorter workgroups than one K loop per output tile gives it."""
     wx, wy, ks = cfg.workgroup_size
-    _, _, tk = cfg.tile
+    tk = cfg.tile.k_step
     M, N, K = op.m, op.n, op.k
     per = wx * wy
     steps = -(-K // (tk * ks))          # K steps each slice takes (all slices alike: barriers)
@@ -327,7 +346,7 @@ def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
 def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
     """Workgroup-memory tiles: (WY*RM) x (WX*RN) outputs per workgroup, K in steps of TK."""
     wx, wy, _ = cfg.workgroup_size
-    rm, rn, tk = cfg.tile
+    rm, rn, tk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     tm, tn = wy * rm, wx * rn
     M, N, K = op.m, op.n, op.k
     nthreads = wx * wy

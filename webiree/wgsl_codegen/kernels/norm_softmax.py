@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...ir import program as P
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, Store, f32, i32, lvar
-from .common import Binder, grid_for, linear_wid, lid, epilogue, NEG_INF
+from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, NEG_INF
 from .pool_reduce import max_nan, tree
 
 
@@ -17,7 +17,7 @@ class _Rows:
     barrier is a coroutine switch): one row per invocation, serial loops, no barriers."""
 
     def __init__(self, cfg, rows: int, inner: int, r: int, limits: dict):
-        self.lane = cfg.strategy == "row-per-invocation"
+        self.lane = cfg.strategy == Strategy.ROW_PER_INVOCATION
         self.wg, self.rows, self.inner, self.r, self.limits = cfg.workgroup_size[0], rows, inner, r, limits
 
     def setup(self) -> list:
