@@ -14,9 +14,9 @@ const TIMEOUT_MS = 30000;
 const DTYPES = ['f32', 'i32', 'u32', 'bool'];
 const KINDS = ['weights', 'input', 'arena'];
 const FORMATS = ['wgsl', 'spirv'];
-const OP = {UPLOAD_INPUT: 1, DISPATCH: 2, BARRIER: 3, COPY: 4, READBACK: 5, DISPATCH_DYN: 6,
+const OP = {UPLOAD_INPUT: 1, DISPATCH: 2, READBACK: 5, DISPATCH_DYN: 6,
   SET_REG: 0x10, LOAD_DIM: 0x11, ARITH: 0x12};
-const ARITY = {1: 1, 3: 0, 4: 5, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4};
+const ARITY = {1: 1, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4};
 const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => Math.floor(a / b),
   (a, b) => Math.ceil(a / b), Math.min, Math.max];
 // ONNX element type -> [tensor type name, typed array class]
@@ -368,9 +368,6 @@ export class InferenceSession {
           {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
         const name = names[this.items.filter((it) => it.bindGroup).length] ?? m.executables[ex].name;
         this.items.push({pipeline: p.pipeline, bindGroup, grid: [gx, gy, gz], name});
-      } else if (op === OP.COPY) {
-        const [, src, srcOffset, dst, dstOffset, size] = cmd;
-        this.items.push({src: this.buffers[src], srcOffset, dst: this.buffers[dst], dstOffset, size});
       } else if (op === OP.READBACK) {
         const io = m.outputs[cmd[1]];
         this.readbacks.push({io, at: readbackSize});
@@ -382,7 +379,7 @@ export class InferenceSession {
       } else if (op === OP.ARITH) {
         const [, a, dst, x, y] = cmd;
         regs[dst] = (ARITH[a] ?? fail('model', `model.wrm: unknown arithmetic op ${a}`))(regs[x], regs[y]);
-      } // BARRIER: dispatches of one compute pass are already ordered
+      }
     }
     this.readback = d.createBuffer({label: 'readback', size: Math.max(readbackSize, 4), usage: U.MAP_READ | U.COPY_DST});
     for (const {io, at} of this.readbacks) {

@@ -247,9 +247,4 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
                  domain_opsets={o.domain: o.version for o in proto.opset_import if o.domain not in ("", "ai.onnx")})
 
 
-def pinned_input_types(proto: onnx.ModelProto, graph: Graph) -> dict:
-    """name -> (shape, elem_type) of each real graph input after pinning."""
-    return {n: (graph.types[n].shape, graph.types[n].elem_type) for n in graph.inputs}
-
-
 __all__ = ["import_model", "load_model_proto", "np"]

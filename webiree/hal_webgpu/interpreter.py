@@ -77,9 +77,6 @@ class Interpreter:
                 entries = [(slot, self.buffers[buf], off, size) for slot, buf, off, size in binds]
                 bg = d.create_bind_group(pipelines[ex], entries)
                 self.items.append(("dispatch", pipelines[ex], bg, (gx, gy, gz)))
-            elif op == F.OP_COPY:
-                _, sb, so, db, do, size = cmd
-                self.items.append(("copy", self.buffers[sb], so, self.buffers[db], do, size))
             elif op == F.OP_READBACK:
                 io = m.outputs[cmd[1]]
                 self.readbacks.append((cmd[1], io.buffer, io.offset, self.readback_size, io.size))
@@ -91,7 +88,6 @@ class Interpreter:
             elif op == F.OP_ARITH:
                 _, aop, dst, a, b = cmd
                 regs[dst] = _arith(F.ARITH_OPS[aop], regs[a], regs[b])
-            # OP_BARRIER: dispatches in one pass are already ordered
         self.readback = d.create_buffer(max(self.readback_size, 4), "readback", "readback")
         for _, buf, off, dst, size in self.readbacks:
             self.items.append(("copy", self.buffers[buf], off, self.readback, dst, (size + 3) // 4 * 4))

@@ -156,8 +156,7 @@ class WgpuDriver(Driver):
 
     def __init__(self, submit_chunk: int = 0):
         """submit_chunk: 0 submits an inference as one command buffer; N > 0 submits every N
-        dispatches, so the GPU starts while the host still encodes the rest (on the H200 this
-        cut MobileBERT from 8.6 to 6.4 ms host to host; see docs/performance.md)."""
+        dispatches, so the GPU starts while the host still encodes the rest (docs/performance.md)."""
         self.submit_chunk = submit_chunk
         self._chunks = (None, None)
         self.adapter, self.device = request_device()

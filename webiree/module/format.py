@@ -23,8 +23,6 @@ FORMATS = ["wgsl", "spirv"]
 # opcodes of the command stream
 OP_UPLOAD_INPUT = 0x01    # input_index
 OP_DISPATCH = 0x02        # exec, gx, gy, gz, nbind, nbind x (slot, buffer, offset, size)
-OP_BARRIER = 0x03         # (none) ordering point; WebGPU orders dispatches of a pass already
-OP_COPY = 0x04            # src_buffer, src_offset, dst_buffer, dst_offset, size
 OP_READBACK = 0x05        # output_index
 OP_DISPATCH_DYN = 0x06    # exec, rx, ry, rz (registers), nbind, bindings as in DISPATCH
 OP_SET_REG = 0x10         # reg, immediate
@@ -32,7 +30,7 @@ OP_LOAD_DIM = 0x11        # reg, input_index, dim
 OP_ARITH = 0x12           # arith_op, dst, a, b (registers)
 ARITH_OPS = ["add", "sub", "mul", "div_floor", "div_ceil", "min", "max"]
 
-OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_BARRIER: 0, OP_COPY: 5, OP_READBACK: 1, OP_SET_REG: 2,
+OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
                 OP_LOAD_DIM: 3, OP_ARITH: 4}
 
 
@@ -323,10 +321,6 @@ def validate_module(m: Module) -> None:
             check(c[1] < len(m.inputs), "UPLOAD_INPUT names a missing input")
         elif op == OP_READBACK:
             check(c[1] < len(m.outputs), "READBACK names a missing output")
-        elif op == OP_COPY:
-            _, sb, so, db, do, size = c
-            check(sb < nb and db < nb and so + size <= m.buffers[sb].size and do + size <= m.buffers[db].size,
-                  "a COPY reaches outside its buffers")
         elif op in (OP_SET_REG, OP_ARITH):
             check(all(r < max(m.registers, 1) for r in (c[1:2] if op == OP_SET_REG else c[2:])),
                   "a register index is out of range")

@@ -52,7 +52,7 @@ def _register_blocked(op: P.MatMul, limits: dict):
     # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
     # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
     # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
-    # columns) streams B fewer times; measured 11.6 GFLOP/s vs 1 for 4x1 blocks on lavapipe.
+    # columns) streams B fewer times (docs/performance.md has the measurements).
     vec = 4 if matmul_vec4_ok(op) else 1
     cols = -(-op.n // vec)
     wx = 8
@@ -67,9 +67,9 @@ def _register_blocked(op: P.MatMul, limits: dict):
 
 
 def _split_k(op: P.MatMul, limits: dict):
-    # a small output with a long K (BERT's 128 x 512 x 128): split K over 4 slices of 8 x 8
-    # invocations. On the H200 (benchmarks/matmul_variants.py): 0.016 vs 0.028 ms for one
-    # 128x512x128 product, 0.309 vs 0.387 ms for 128x1536x384.
+    # a small output with a long K (BERT's 128 x 512 x 128) makes too few output tiles to fill a
+    # GPU: split K over 4 slices of 8 x 8 invocations (faster on the H200 per
+    # benchmarks/matmul_variants.py).
     if op.k >= 256 and op.m * op.n <= 65536:
         return KernelConfig((8, 8, 4), MatmulTile(1, 1, 16), 1, S.SPLIT_K)
     return None
@@ -79,9 +79,8 @@ def _tiled_shared_vec4(op: P.MatMul, limits: dict):
     # vec4 tiles in workgroup memory: RM rows x RN vec4 columns per invocation, the largest
     # block that still offers the GPU enough workgroups, K steps of 16 where they fit.
     # A product too small to fill the GPU even with 1 x 1 blocks (BERT's 128 x 128 x 512)
-    # takes the scalar tiles instead, whose 16 x 16 tiles make 4x more workgroups: on the
-    # H200 MobileBERT ran in 11.1 ms this way and in 14.7 ms with vec4 tiles everywhere,
-    # although one-dispatch timings (benchmarks/matmul_variants.py) favour vec4 tiles.
+    # takes the scalar tiles instead, whose 16 x 16 tiles make 4x more workgroups (faster end
+    # to end on MobileBERT, although one dispatch alone favours vec4 tiles).
     batch = max(1, P.numel(op.batch))
     n4 = op.n // 4
     groups = lambda rm, rn: -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch  # noqa: E731
@@ -119,8 +118,8 @@ def _tiled_shared(op: P.MatMul, limits: dict):
 
 
 def _row_block(op: P.Conv, limits: dict):
-    # CPU adapters, small windows (depthwise 3x3, the stem): 4 outputs of a row per invocation
-    # (lavapipe: DeepLabV3 convolutions 564 -> 362 ms with workgroups of 64, the same with 8 on MobileNetV2)
+    # CPU adapters, small windows (depthwise 3x3, the stem): 4 outputs of a row per invocation,
+    # so each input of the window's rows is loaded once for 4 outputs
     if op.out_shape[3] >= 4 and op.w_shape[1] * op.w_shape[2] * op.w_shape[3] <= 64:
         return KernelConfig((64, 1, 1), RowBlockTile(1, 4), 1, S.ROW_BLOCK)
     return None
