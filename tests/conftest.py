@@ -64,12 +64,15 @@ def assert_close(got, ref, tol=FP32_TOL, name="output", elementwise=False):
     return err
 
 
-def compile_and_run(model, feeds, tmp_path, input_shapes=None, **kw):
+def compile_and_run(model, feeds, tmp_path, input_shapes=None, limits="default", **kw):
+    """Compile in memory (shaders validated as `webiree.compile` does) and run natively; no build
+    folder is written (tests of the build folder itself use webiree.compile)."""
     import webiree
+    from webiree.bundler.site import resolve_target, shader_validator
+    from webiree.compiler.driver import compile_model
 
-    out = tmp_path / "build"
-    res = webiree.compile(model, out, input_shapes, **kw)
-    sess = webiree.InferenceSession(out)
+    res = compile_model(model, input_shapes, resolve_target(limits), validate=shader_validator, **kw)
+    sess = webiree.InferenceSession.from_module(res.module, res.weights)
     return sess.run(None, feeds), res, sess
 
 
