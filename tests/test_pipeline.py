@@ -214,3 +214,46 @@ def test_submit_in_chunks_gives_the_same_results(chunk, tmp_path):
     for _ in range(2):
         for g, w in zip(sess.run(None, feeds), one, strict=True):
             np.testing.assert_array_equal(g, w)
+
+
+def test_nodes_out_of_order_are_sorted_on_import(tmp_path):
+    """A valid graph written out of topological order (as some converters do) builds and runs like
+    the ordered one; the order of independent nodes is kept."""
+    import onnx
+
+    from webiree.compiler.importer import sort_nodes
+
+    model = models.tiny_attention()
+    shuffled = onnx.ModelProto()
+    shuffled.CopyFrom(model)
+    nodes = list(shuffled.graph.node)
+    del shuffled.graph.node[:]
+    shuffled.graph.node.extend(reversed(nodes))
+    fixed = sort_nodes(shuffled).graph.node
+    seen = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer} | {""}
+    for n in fixed:          # every node reads only what is produced before it
+        assert set(n.input) <= seen, n.name
+        seen.update(n.output)
+    assert sorted(n.name for n in fixed) == sorted(n.name for n in nodes)
+    assert sort_nodes(model) is model
+    feeds = models.sample_inputs(model)
+    webiree.compile(shuffled, tmp_path / "s")
+    got = webiree.InferenceSession(tmp_path / "s").run(None, feeds)
+    ref = ort_run(model, feeds)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref, strict=True):
+        assert_close(g, r)
+
+
+def test_a_cycle_is_a_model_error_naming_its_nodes(tmp_path):
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="first"),
+                           helper.make_node("Add", ["a", "c"], ["b"], name="second"),
+                           helper.make_node("Neg", ["b"], ["c"], name="third"),
+                           helper.make_node("Relu", ["b"], ["y"], name="out")],
+                          "cyclic", [vi("x", TensorProto.FLOAT, [2])], [vi("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(webiree.ModelError, match=r"cycle through nodes \['second', 'third', 'out'\]"):
+        webiree.compile(m, tmp_path)

@@ -32,6 +32,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
+from .compiler.importer import node_reads
 from .module.format import OP_DISPATCH, OP_DISPATCH_DYN
 
 # op type -> positions of inputs that only determine an output *shape* (or axes)
@@ -48,21 +49,6 @@ SHAPE_PARAMETERS = {
 }
 # ops that read only the *shape* of their input: a shape computed from them does not depend on its values
 SHAPE_ONLY = {"Shape", "Size"}
-
-
-def _uses(node) -> list[str]:
-    """The tensors a node reads: its inputs and what its subgraphs read from the enclosing scope."""
-    used = [i for i in node.input if i]
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-            local = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                local.update(n.output)
-            for n in g.node:
-                used.extend(x for x in _uses(n) if x not in local)
-            used.extend(o.name for o in g.output if o.name not in local)
-    return used
 
 
 def shape_parameter_inputs(model: onnx.ModelProto) -> list[str]:
@@ -88,7 +74,7 @@ def shape_parameter_inputs(model: onnx.ModelProto) -> list[str]:
         reached.add(t)
         n = producer.get(t)
         if n is not None and n.op_type not in SHAPE_ONLY:
-            todo.extend(_uses(n))
+            todo.extend(node_reads(n))
     found = list(direct)
     for name, vi in inputs.items():
         if name in found or name not in reached or not vi.type.HasField("tensor_type"):

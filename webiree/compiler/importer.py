@@ -8,6 +8,7 @@ the file itself is a `ModelError`; a dim that cannot be resolved is a
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 from pathlib import Path
@@ -122,8 +123,59 @@ def _check_names(proto: onnx.ModelProto) -> None:
                                  f"valid UTF-8 text ({bytes(v)[:40]!r})", hint="the file is corrupt; re-export the model")
 
 
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The tensors a node reads: its inputs and what its subgraphs read from the enclosing scope."""
+    used = [i for i in node.input if i]
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local.update(n.output)
+            for n in g.node:
+                used.extend(x for x in node_reads(n) if x not in local)
+            used.extend(o.name for o in g.output if o.name not in local)
+    return used
+
+
+def sort_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its graph's nodes in topological order (a copy; the same object when they
+    already are). Exporters and converters sometimes write a valid graph out of order, which
+    onnxruntime runs; the order among independent nodes is kept. A cycle is a ModelError
+    naming its nodes."""
+    nodes = list(proto.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps = [sorted({producer[x] for x in node_reads(n) if x in producer} - {i}) for i, n in enumerate(nodes)]
+    if all(d < i for i, ds in enumerate(deps) for d in ds):
+        return proto
+    users = [[] for _ in nodes]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(i)
+    waiting = [len(ds) for ds in deps]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(nodes):
+        stuck = [nodes[i].name or f"#{i} ({nodes[i].op_type})" for i in range(len(nodes)) if waiting[i]]
+        raise ModelError(f"the graph has a cycle through nodes {stuck[:8]}{' ...' if len(stuck) > 8 else ''}",
+                         hint="a node's output feeds back into its own inputs; re-export the model")
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes[i] for i in order)
+    return out
+
+
 def import_model(model, input_shapes: dict | None = None) -> Graph:
-    proto = load_model_proto(model)
+    proto = sort_nodes(load_model_proto(model))
     input_shapes = dict(input_shapes or {})
     try:
         onnx.checker.check_model(proto)
