@@ -15,6 +15,10 @@ class WebireeError(Exception):
 
     kind = "error"
 
+    def __init_subclass__(cls, kind: str = "", **kw):
+        super().__init_subclass__(**kw)
+        cls.kind = kind or cls.kind     # each kind of error names itself in its class statement
+
     def __init__(self, message: str, *, node: str | None = None, op: str | None = None,
                  hint: str | None = None):
         self.message = message
@@ -30,43 +34,29 @@ class WebireeError(Exception):
         return f"{self.message}{where}"
 
 
-class ModelError(WebireeError):
+class ModelError(WebireeError, kind="model"):
     """The file is missing, is not ONNX, or the graph is malformed."""
 
-    kind = "model"
 
-
-class UnsupportedOpError(WebireeError):
+class UnsupportedOpError(WebireeError, kind="unsupported"):
     """The model uses ops (or op variants) webiree cannot compile yet."""
 
-    kind = "unsupported"
 
-
-class ShapeError(WebireeError):
+class ShapeError(WebireeError, kind="shape"):
     """A shape cannot be resolved at compile time or is inconsistent."""
 
-    kind = "shape"
 
-
-class FeedError(WebireeError):
+class FeedError(WebireeError, kind="feed"):
     """Inputs given to `run` do not match the model (name, shape, dtype, range)."""
 
-    kind = "feed"
 
-
-class DeviceError(WebireeError):
+class DeviceError(WebireeError, kind="device"):
     """No usable WebGPU adapter/device, or the device failed."""
 
-    kind = "device"
 
-
-class LimitsError(WebireeError):
+class LimitsError(WebireeError, kind="limits"):
     """The model needs more than the adapter's limits allow."""
 
-    kind = "limits"
 
-
-class CompilerBug(WebireeError):
+class CompilerBug(WebireeError, kind="internal"):
     """An internal invariant failed (e.g. naga rejected a shader we emitted)."""
-
-    kind = "internal"
