@@ -5,7 +5,7 @@
     compiler      may import wgsl_codegen, module, ir, errors, dtypes, target
     wgsl_codegen  may import ir, errors, dtypes, target
     runtime core  hal_webgpu, runtime_py: may import module, errors, version, dtypes (never the compiler)
-    module        the schedule module's wire format: errors, version
+    module        the schedule module's wire format, the build folder: errors, version, dtypes
     ground        ir (imports nothing of webiree), errors, version, dtypes, target (errors only)
 """
 
@@ -25,7 +25,7 @@ ALLOWED = {
     "version": set(),
     "dtypes": set(),
     "target": {"errors"},
-    "module": {"errors", "version"},
+    "module": {"errors", "version", "dtypes"},
     "wgsl_codegen": {"ir", "errors", "dtypes", "target"},
     "compiler": {"wgsl_codegen", "module", "ir", "errors", "dtypes", "target"},
     "hal_webgpu": {"module", "errors", "version", "dtypes"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..dtypes import name_of
 from .folder import BuildFolder
 
 
@@ -14,9 +15,9 @@ def describe_build(path) -> str:
     lines = [f"model {info.get('model', '?')} (webiree {manifest.get('webiree_version', '?')})",
              f"schedule module: {len(raw)} bytes, {len(m.executables)} executables, {len(m.commands)} commands"]
     for io in m.inputs:
-        lines.append(f"input  {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
+        lines.append(f"input  {io.name}: {list(io.shape)} {name_of(io.onnx_type)} (stored {io.dtype})")
     for io in m.outputs:
-        lines.append(f"output {io.name}: {list(io.shape)} onnx type {io.onnx_type} (stored {io.dtype})")
+        lines.append(f"output {io.name}: {list(io.shape)} {name_of(io.onnx_type)} (stored {io.dtype})")
     lines.append("buffers:")
     for i, b in enumerate(m.buffers):
         lines.append(f"  #{i} {b.kind:<8} {b.size:>12} B  {b.name}")
