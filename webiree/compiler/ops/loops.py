@@ -2,10 +2,11 @@
 kind (ir/program.py), one invocation per output element.
 
 CumSum, CumProd, ScatterElements (and the old Scatter), ScatterND, TopK,
-Hardmax, ConvTranspose, Col2Im, DeformConv, RoiAlign, DFT, STFT, MaxUnpool,
-Einsum (a sum over the contracted letters), and MaxPool's Indices output.
-Scatters fold over every update in order, so duplicate indices and the
-add/mul/max/min reductions give exactly the sequential result.
+Hardmax, DFT, STFT, Einsum (a sum over the contracted letters); `emit_loop`
+and `unflatten` also serve ConvTranspose, Col2Im, DeformConv (conv.py),
+MaxPool's Indices output, MaxUnpool and RoiAlign (pool.py). Scatters fold
+over every update in order, so duplicate indices and the add/mul/max/min
+reductions give exactly the sequential result.
 
 These kernels favour generality over speed (a scatter costs outputs x
 updates, Einsum does not tile): the common fast paths (MatMul, Conv, Pool,
@@ -39,10 +40,6 @@ def emit_loop(ctx, out: str, shape, dtype: str, count: int, dtypes, inits, step,
     op = Loop(name=ctx.node.name, out=out, nodes=[ctx.node.name], count=int(count), dtypes=list(dtypes),
               inits=list(inits(cs)), updates=list(step(cs, LOOP_K, accs)), result=res)
     ctx.anchor(op, shape, dtype)
-
-
-def _zero(dt):
-    return kir.const(0, dt)
 
 
 def _norm_index(i, n):
@@ -221,177 +218,15 @@ def _hardmax(ctx, x, s, axis, out):
     emit_loop(ctx, out, s, "f32", n, ["f32", "i32"], lambda cs: [f32(0.0), kir.i32(-1)], step, result)
 
 
-# --- windows and transposed convolution ----------------------------------------
+# --- shared by the window folds -------------------------------------------------
 
-def _unflatten(k, dims):
+def unflatten(k, dims):
     """Coordinates of a flat index k over `dims` (any dims, 1s included)."""
     out, rest = [], k
     for d in reversed(dims):
         out.append(rest % d if d > 1 else kir.i32(0))
         rest = rest // d if d > 1 else rest
     return out[::-1]
-
-
-@register("ConvTranspose")
-def conv_transpose(ctx, node):
-    x, w = node.inputs[0], node.inputs[1]
-    b = node.input(2)
-    xs, ws = ctx.shape(x), ctx.shape(w)
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("ConvTranspose on non-float tensors")
-    nd = len(xs) - 2
-    group = int(node.attr("group", 1))
-    kernel = list(node.attr("kernel_shape", ws[2:]))
-    strides = list(node.attr("strides", [1] * nd))
-    dil = list(node.attr("dilations", [1] * nd))
-    out_pad = list(node.attr("output_padding", [0] * nd))
-    auto = node.attr("auto_pad", "NOTSET")
-    pads = node.attr("pads")
-    out_sp = node.attr("output_shape")
-    if out_sp is not None and len(out_sp) > nd:
-        out_sp = out_sp[-nd:]
-    C, M = xs[1], ws[1] * group
-    if C != ws[0] or C % group:
-        raise ShapeError(f"ConvTranspose input {xs} and weight {ws} do not match (group {group})")
-    if pads is None and auto in ("SAME_UPPER", "SAME_LOWER") or out_sp is not None:
-        if out_sp is None:
-            out_sp = [xs[2 + i] * strides[i] for i in range(nd)]
-        total = [strides[i] * (xs[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - out_sp[i]
-                 for i in range(nd)]
-        if auto == "SAME_UPPER":
-            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
-        else:
-            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
-    else:
-        pads = list(pads or [0] * (2 * nd))
-        out_sp = [strides[i] * (xs[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[nd + i]
-                  for i in range(nd)]
-    out_shape = [xs[0], M] + list(out_sp)
-    Cg, Mg = C // group, M // group
-    ksize = numel(kernel)
-
-    def step(cs, k, accs):
-        n, m, ys = cs[0], cs[1], cs[2:]
-        c_local, kk = (k // ksize, k % ksize) if ksize > 1 else (k, kir.i32(0))
-        kc = _unflatten(kk, kernel)
-        g = m // Mg if group > 1 else kir.i32(0)
-        c = g * Cg + c_local
-        ok = kir.const(True, "bool")
-        src = []
-        for i in range(nd):
-            p = ys[i] + pads[i] - kc[i] * dil[i]
-            q = p // strides[i] if strides[i] > 1 else p
-            cond = kir.binary("and", p >= 0, q < xs[2 + i])
-            if strides[i] > 1:
-                cond = kir.binary("and", cond, kir.binary("eq", p % strides[i], kir.i32(0)))
-            ok = kir.binary("and", ok, cond)
-            src.append(kir.clamp(q, 0, xs[2 + i] - 1))
-        xv = ctx.read(x, [n, c] + src)
-        wv = ctx.read(w, [c, m % Mg if group > 1 else m] + kc)
-        return [accs[0] + select(ok, xv * wv, f32(0.0))]
-
-    init = (lambda cs: [ctx.read(b, [cs[1]])]) if b else (lambda cs: [f32(0.0)])
-    emit_loop(ctx, node.outputs[0], out_shape, "f32", Cg * ksize, ["f32"], init, step)
-
-
-@register("Col2Im")
-def col2im(ctx, node):
-    x = node.inputs[0]
-    image = const_ints(ctx, node, 1)
-    block = const_ints(ctx, node, 2)
-    if image is None or block is None:
-        raise Unsupported("image_shape and block_shape must be compile-time constants")
-    nd = len(image)
-    xs = ctx.shape(x)
-    strides = list(node.attr("strides", [1] * nd))
-    dil = list(node.attr("dilations", [1] * nd))
-    pads = list(node.attr("pads", [0] * (2 * nd)))
-    bsize = numel(block)
-    C = xs[1] // bsize
-    L = [(image[i] + pads[i] + pads[nd + i] - (dil[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(nd)]
-    if numel(L) != xs[2]:
-        raise ShapeError(f"Col2Im input {xs} does not hold {L} blocks")
-    out_shape = [xs[0], C] + list(image)
-
-    def step(cs, k, accs):
-        n, c, ys = cs[0], cs[1], cs[2:]
-        kc = _unflatten(k, block)
-        ok = kir.const(True, "bool")
-        ls = []
-        for i in range(nd):
-            p = ys[i] + pads[i] - kc[i] * dil[i]
-            q = p // strides[i] if strides[i] > 1 else p
-            cond = kir.binary("and", p >= 0, q < L[i])
-            if strides[i] > 1:
-                cond = kir.binary("and", cond, kir.binary("eq", p % strides[i], kir.i32(0)))
-            ok = kir.binary("and", ok, cond)
-            ls.append(kir.clamp(q, 0, L[i] - 1))
-        v = ctx.read(x, [n, c * bsize + k, flat_of(ls, L)])
-        return [accs[0] + select(ok, v, f32(0.0))]
-    emit_loop(ctx, node.outputs[0], out_shape, "f32", bsize, ["f32"], lambda cs: [f32(0.0)], step)
-
-
-@register("MaxUnpool")
-def max_unpool(ctx, node):
-    x, idx = node.inputs[0], node.inputs[1]
-    xs = ctx.shape(x)
-    nd = len(xs) - 2
-    kernel = list(node.attr("kernel_shape"))
-    strides = list(node.attr("strides", [1] * nd))
-    pads = list(node.attr("pads", [0] * (2 * nd)))
-    out_sp = const_ints(ctx, node, 2)
-    if node.input(2) and out_sp is None:
-        raise Unsupported("output_shape must be a compile-time constant")
-    inferred = [(xs[2 + i] - 1) * strides[i] - pads[i] - pads[nd + i] + kernel[i] for i in range(nd)]
-    out_sp = inferred if out_sp is None else out_sp[-nd:]
-    out_shape = [xs[0], xs[1]] + list(out_sp)
-    in_shape = [xs[0], xs[1]] + inferred
-    per_image = numel(xs[2:])
-
-    # as the ONNX reference: indices address the inferred shape, a larger output_shape pads it with zeros
-    def step(cs, k, accs):
-        src = (cs[0] * xs[1] + cs[1]) * per_image + k
-        inside = kir.const(True, "bool")
-        for c, n in zip(cs[2:], inferred):
-            inside = kir.binary("and", inside, c < n)
-        hit = kir.binary("and", inside, kir.binary("eq", ctx.read_flat(idx, src), flat_of(cs, in_shape)))
-        return [select(hit, ctx.read_flat(x, src), accs[0])]
-    emit_loop(ctx, node.outputs[0], out_shape, ctx.dtype(x), per_image, [ctx.dtype(x)],
-              lambda cs: [kir.const(0, ctx.dtype(x))], step)
-
-
-def maxpool_indices(ctx, node, x, out, out_shape, kernel, strides, dilations, pads):
-    """MaxPool's second output: the flat index (N, C and storage order included) of each maximum."""
-    xs = ctx.shape(x)
-    nd = len(xs) - 2
-    in_sp = xs[2:]
-    col_major = bool(node.attr("storage_order", 0))
-    ksize = numel(kernel)
-
-    def step(cs, k, accs):
-        kc = _unflatten(k, kernel)
-        ok = kir.const(True, "bool")
-        pos = []
-        for i in range(nd):
-            p = cs[2 + i] * strides[i] - pads[i] + kc[i] * dilations[i]
-            ok = kir.binary("and", ok, kir.binary("and", p >= 0, p < in_sp[i]))
-            pos.append(kir.clamp(p, 0, in_sp[i] - 1))
-        v = ctx.read(x, [cs[0], cs[1]] + pos)
-        take = kir.binary("and", ok, kir.binary("or", accs[1] < 0, v > accs[0]))
-        if col_major:
-            flat = i_flat = kir.i32(0)
-            mult = 1
-            for i in range(nd):
-                i_flat = i_flat + pos[i] * mult
-                mult *= in_sp[i]
-            flat = (cs[0] * xs[1] + cs[1]) * numel(in_sp) + i_flat
-        else:
-            flat = flat_of([cs[0], cs[1]] + pos, xs)
-        return [select(take, v, accs[0]), select(take, flat, accs[1])]
-    emit_loop(ctx, out, out_shape, "i32", ksize, [ctx.dtype(x), "i32"],
-              lambda cs: [kir.const(-math.inf, "f32") if ctx.dtype(x) == "f32" else kir.i32(-(1 << 31)), kir.i32(-1)],
-              step, lambda cs, accs: accs[1])
-    ctx.onnx_types[out] = 7
 
 
 # --- DFT ---------------------------------------------------------------------------
@@ -469,109 +304,6 @@ def _twiddle(m, n: int, sign: float):
     return select(exact, ce, kir.unary("cos", ang)), select(exact, se, kir.unary("sin", ang))
 
 
-# --- sampling ops -------------------------------------------------------------------
-
-def _bilinear_zero(ctx, x, base, h, w, H, W):
-    """Bilinear sample of x[*base, h, w] (f32 pixel coordinates); taps outside the image read 0."""
-    h0f, w0f = kir.unary("floor", h), kir.unary("floor", w)
-    lh, lw = h - h0f, w - w0f
-    h0, w0 = kir.cast(h0f, "i32"), kir.cast(w0f, "i32")
-    total = None
-    for dh, wh in ((0, 1.0 - lh), (1, lh)):
-        for dw, ww in ((0, 1.0 - lw), (1, lw)):
-            hi, wi = h0 + dh, w0 + dw
-            ok = kir.binary("and", kir.binary("and", hi >= 0, hi < H), kir.binary("and", wi >= 0, wi < W))
-            v = ctx.read(x, base + [kir.clamp(hi, 0, H - 1), kir.clamp(wi, 0, W - 1)])
-            term = select(ok, v, f32(0.0)) * (wh * ww)
-            total = term if total is None else total + term
-    return total
-
-
-@register("DeformConv")
-def deform_conv(ctx, node):
-    x, w, off = node.inputs[:3]
-    b, mask = node.input(3), node.input(4)
-    xs, ws, os_ = ctx.shape(x), ctx.shape(w), ctx.shape(off)
-    if len(xs) != 4:
-        raise Unsupported("DeformConv other than 2-D")
-    N, C, H, W = xs
-    M = ws[0]
-    group = int(node.attr("group", 1))
-    og = int(node.attr("offset_group", 1))
-    kh, kw = list(node.attr("kernel_shape", ws[2:]))
-    sh, sw = list(node.attr("strides", [1, 1]))
-    dh, dw = list(node.attr("dilations", [1, 1]))
-    pads = list(node.attr("pads", [0, 0, 0, 0]))
-    oh, ow = os_[2], os_[3]
-    Cg, Mg, Cog = C // group, M // group, C // og
-    K = kh * kw
-
-    def step(cs, k, accs):
-        n, m, i, j = cs
-        c_local, kk = k // K, k % K
-        ki, kj = kk // kw, kk % kw
-        c = (m // Mg) * Cg + c_local if group > 1 else c_local
-        g = c // Cog if og > 1 else kir.i32(0)
-        ch = (g * K + kk) * 2
-        h = kir.cast(i * sh - pads[0] + ki * dh, "f32") + ctx.read(off, [n, ch, i, j])
-        ww = kir.cast(j * sw - pads[1] + kj * dw, "f32") + ctx.read(off, [n, ch + 1, i, j])
-        v = _bilinear_zero(ctx, x, [n, c], h, ww, H, W) * ctx.read(w, [m, c_local, ki, kj])
-        if mask:
-            v = v * ctx.read(mask, [n, g * K + kk, i, j])
-        return [accs[0] + v]
-    init = (lambda cs: [ctx.read(b, [cs[1]])]) if b else (lambda cs: [f32(0.0)])
-    emit_loop(ctx, node.outputs[0], [N, M, oh, ow], "f32", Cg * K, ["f32"], init, step)
-
-
-@register("RoiAlign")
-def roi_align(ctx, node):
-    x, rois, bidx = node.inputs[:3]
-    N, C, H, W = ctx.shape(x)
-    R = ctx.shape(rois)[0]
-    ph, pw = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
-    sr = int(node.attr("sampling_ratio", 0))
-    if sr <= 0:
-        raise Unsupported("sampling_ratio=0 (the number of samples would depend on each ROI's size)")
-    scale = float(node.attr("spatial_scale", 1.0))
-    half = node.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 16 else "output_half_pixel") \
-        == "half_pixel"
-    is_max = node.attr("mode", "avg") == "max"
-
-    def roi(cs, i):
-        return ctx.read(rois, [cs[0], kir.i32(i)]) * scale - (0.5 if half else 0.0)
-
-    def step(cs, k, accs):
-        r, c, i, j = cs
-        x0, y0, x1, y1 = (roi(cs, q) for q in range(4))
-        rw, rh = x1 - x0, y1 - y0
-        if not half:
-            rw, rh = kir.maximum(rw, f32(1.0)), kir.maximum(rh, f32(1.0))
-        bh, bw = rh / float(ph), rw / float(pw)
-        iy, ix = k // sr, k % sr
-        y = y0 + kir.cast(i, "f32") * bh + (kir.cast(iy, "f32") + 0.5) * bh / float(sr)
-        xx = x0 + kir.cast(j, "f32") * bw + (kir.cast(ix, "f32") + 0.5) * bw / float(sr)
-        outside = kir.binary("or", kir.binary("or", y < -1.0, y > float(H)), kir.binary("or", xx < -1.0, xx > float(W)))
-        y, xx = kir.maximum(y, f32(0.0)), kir.maximum(xx, f32(0.0))
-        ylo, xlo = kir.cast(kir.unary("trunc", y), "i32"), kir.cast(kir.unary("trunc", xx), "i32")
-        ytop, xtop = ylo >= H - 1, xlo >= W - 1
-        ylo, xlo = select(ytop, kir.i32(H - 1), ylo), select(xtop, kir.i32(W - 1), xlo)
-        yhi, xhi = select(ytop, kir.i32(H - 1), ylo + 1), select(xtop, kir.i32(W - 1), xlo + 1)
-        y, xx = select(ytop, kir.cast(ylo, "f32"), y), select(xtop, kir.cast(xlo, "f32"), xx)
-        ly, lx = y - kir.cast(ylo, "f32"), xx - kir.cast(xlo, "f32")
-        hy, hx = 1.0 - ly, 1.0 - lx
-        n = kir.clamp(kir.cast(ctx.read(bidx, [r]), "i32"), 0, N - 1)
-        taps = [(hy * hx, ylo, xlo), (hy * lx, ylo, xhi), (ly * hx, yhi, xlo), (ly * lx, yhi, xhi)]
-        vals = [wt * ctx.read(x, [n, c, yy, xq]) for wt, yy, xq in taps]
-        if is_max:
-            v = kir.maximum(kir.maximum(vals[0], vals[1]), kir.maximum(vals[2], vals[3]))
-            v = select(outside, f32(0.0), v)
-            return [select(kir.binary("eq", k, kir.i32(0)), v, kir.maximum(accs[0], v))]
-        v = vals[0] + vals[1] + vals[2] + vals[3]
-        return [accs[0] + select(outside, f32(0.0), v)]
-    result = (lambda cs, accs: accs[0]) if is_max else (lambda cs, accs: accs[0] * (1.0 / (sr * sr)))
-    emit_loop(ctx, node.outputs[0], [R, C, ph, pw], "f32", sr * sr, ["f32"], lambda cs: [f32(0.0)], step, result)
-
-
 @register("STFT")
 def stft(ctx, node):
     x = node.inputs[0]
@@ -645,7 +377,7 @@ def einsum(ctx, node):
 
     def step(cs, k, accs):
         val = dict(zip(out_letters, cs))
-        val.update(zip(summed, _unflatten(k, [dims[l] for l in summed])))
+        val.update(zip(summed, unflatten(k, [dims[l] for l in summed])))
         prod = None
         for letters, n, s in zip(expanded, names, shapes):
             v = ctx.read(n, [val[l] if d != 1 else kir.i32(0) for l, d in zip(letters, s)])
@@ -655,4 +387,4 @@ def einsum(ctx, node):
               lambda cs: [kir.const(0, dt)], step)
 
 
-__all__ = ["emit_loop", "maxpool_indices"]
+__all__ = ["emit_loop", "unflatten"]

@@ -1,5 +1,4 @@
-"""Reductions and normalizations: Softmax/LogSoftmax, Reduce*, ArgMax/ArgMin,
-LayerNormalization.
+"""Reductions: Softmax/LogSoftmax, Reduce*, ArgMax/ArgMin.
 
 Each lowers to an anchor that reduces the middle axis of an [outer, R, inner]
 view; reductions over axes that are not contiguous first move them together
@@ -11,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import kir
-from ...ir.program import LayerNorm, Reduce, Softmax
+from ...ir.program import Reduce, Softmax
 from .registry import Unsupported, register
 from .common import const_ints, norm_axis
 
 
-def _split3(shape, first: int, last: int):
+def split3(shape, first: int, last: int):
     """outer, R, inner of `shape` with axes [first, last) reduced."""
     return int(np.prod(shape[:first])), int(np.prod(shape[first:last])), int(np.prod(shape[last:]))
 
@@ -27,10 +26,10 @@ def softmax(ctx, node):
     s = ctx.shape(x)
     if ctx.opset < 13:
         axis = norm_axis(node.attr("axis", 1), len(s))
-        outer, r, inner = _split3(s, axis, len(s))
+        outer, r, inner = split3(s, axis, len(s))
     else:
         axis = norm_axis(node.attr("axis", -1), len(s))
-        outer, r, inner = _split3(s, axis, axis + 1)
+        outer, r, inner = split3(s, axis, axis + 1)
     op = Softmax(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
                  outer=outer, r=r, inner=inner, log=node.op == "LogSoftmax")
     ctx.anchor(op, s)
@@ -106,9 +105,9 @@ def emit_reduce(ctx, x: str, axes, mode: str, select_last: bool = False) -> str:
                 coords[p] = cs[i]
             return ctx.read(x, coords)
         ctx.generic(src, tshape, ctx.dtype(x), rule)
-        outer, r, inner = _split3(tshape, rank - len(axes), rank)
+        outer, r, inner = split3(tshape, rank - len(axes), rank)
     else:
-        outer, r, inner = _split3(s, axes[0], axes[-1] + 1)
+        outer, r, inner = split3(s, axes[0], axes[-1] + 1)
     op = Reduce(name=ctx.node.name, out=ctx.temp("red"), nodes=[ctx.node.name], x=ctx.buffer(src), mode=mode,
                 outer=outer, r=r, inner=inner, select_last=select_last)
     ctx.anchor(op, out_keep, ctx.dtype(src) if mode not in ("argmax", "argmin") else "i32")
@@ -119,29 +118,3 @@ def _reinsert(cs, axes, rank):
     """Coordinates of a keepdims shape from those of the reduced shape."""
     it = iter(cs)
     return [kir.i32(0) if i in axes else next(it) for i in range(rank)]
-
-
-@register("LayerNormalization")
-def layernorm(ctx, node):
-    x, scale = node.inputs[0], node.inputs[1]
-    bias = node.input(2)
-    s = ctx.shape(x)
-    axis = norm_axis(node.attr("axis", -1), len(s))
-    if len([o for o in node.outputs if o]) > 1:
-        raise Unsupported("LayerNormalization Mean/InvStdDev outputs")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("LayerNormalization on non-float tensors")
-    outer, r, _ = _split3(s, axis, len(s))
-    if int(np.prod(ctx.shape(scale))) != r or (bias and int(np.prod(ctx.shape(bias))) != r):
-        scale_b = ctx.temp("scale")
-        rs = s[axis:]
-        ctx.generic(scale_b, rs, "f32", lambda cs: ctx.read_bcast(scale, rs, cs))
-        scale = scale_b
-        if bias:
-            bias_b = ctx.temp("bias")
-            ctx.generic(bias_b, rs, "f32", lambda cs: ctx.read_bcast(bias, rs, cs))
-            bias = bias_b
-    op = LayerNorm(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
-                   scale=ctx.buffer(scale), bias=ctx.buffer(bias) if bias else "", outer=outer, r=r,
-                   eps=float(node.attr("epsilon", 1e-5)))
-    ctx.anchor(op, s)
