@@ -184,7 +184,6 @@ class Conv(Anchor):
     dilations: tuple = ()
     pads: tuple = ()            # begin..., end...
     group: int = 1
-    transpose: bool = False     # ConvTranspose (w is C, M/group, *kernel)
 
     def inputs(self):
         return [self.x, self.w]
