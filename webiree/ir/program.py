@@ -128,6 +128,10 @@ def _expr_reads(e: Expr | None) -> list[str]:
 @dataclass
 class Generic(Op):
     expr: Expr = None
+    # (source tensor, begin... end... pads of its spatial dims) when this op only pads the spatial
+    # dims of an N, C, *spatial tensor with zeros (Pad's lowering says so); read by the pass that
+    # folds such a pad into the Conv reading it. Fusion clears it when it rewrites `expr`.
+    zero_pad: tuple | None = None
 
     def reads(self):
         return _expr_reads(self.expr)

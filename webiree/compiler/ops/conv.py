@@ -1,10 +1,10 @@
 """The convolution family: Conv, ConvTranspose, Col2Im, DeformConv.
 
 Conv lowers to the Conv anchor (a pointwise Conv to a MatMul); its bias
-becomes a broadcasting Generic add that fusion folds into the epilogue; a
-constant-zero Pad feeding a Conv is folded into its pads. ConvTranspose,
-Col2Im and DeformConv sum over the input positions that reach each output
-element: the Loop kind.
+becomes a broadcasting Generic add that fusion folds into the epilogue. (A
+zero Pad feeding a Conv becomes the Conv's own pads in a pass after lowering:
+passes.fold_pad_into_conv.) ConvTranspose, Col2Im and DeformConv sum over the
+input positions that reach each output element: the Loop kind.
 (ConvInteger and QLinearConv are quant.py's: they lower to a Conv node.)
 """
 
@@ -42,12 +42,6 @@ def conv(ctx, node):
     if group <= 0 or xs[1] % group or ws[0] % group or ws[1] * group != xs[1]:
         raise ShapeError(f"Conv group {group} does not divide channels: input {xs}, weight {ws}")
     pads = window_pads(node, xs[2:], kernel, strides, dilations)
-    # a constant-zero Pad right before the conv becomes the conv's own padding
-    src = ctx.pad_source(x)
-    if src is not None:
-        x, extra = src
-        xs = ctx.shape(x)
-        pads = [p + e for p, e in zip(pads, extra)]
     out_sp = window_out(xs[2:], kernel, strides, dilations, pads)
     out_shape = [xs[0], ws[0]] + out_sp
     b = node.input(2)
