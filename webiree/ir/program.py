@@ -296,9 +296,10 @@ def op_flops(op: Op) -> int:
 # to it: cumulative sums and products, scatters (the updates in order, so
 # duplicates and reductions are exact), ConvTranspose, Col2Im and DeformConv
 # (the input positions that reach an output), RoiAlign's samples, DFT and
-# STFT, Einsum, TopK's rank counting, MaxPool's argmax, MaxUnpool (see
-# compiler/ops/loops.py). Expressions read tensors with `load(tensor, index)` like
-# Generic's and use the vars `LOOP_K` and `acc_vars(...)`.
+# STFT, Einsum, TopK's rank counting, MaxPool's argmax, MaxUnpool (each op's
+# file in compiler/ops/ builds its steps; compiler/ops/loops.py emits the op).
+# Expressions read tensors with `load(tensor, index)` like Generic's and use the
+# vars `LOOP_K` and `acc_vars(...)`.
 
 LOOP_K = kir.var("k", "i32")      # the step index inside a Loop's updates
 
