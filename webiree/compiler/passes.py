@@ -61,25 +61,23 @@ def dce(prog: Program) -> Program:
 
 
 def fold_pad_into_conv(prog: Program) -> Program:
-    """Each Conv reading a zero pad of its input's spatial dims as `x` reads the unpadded tensor,
-    the pad added to its own pads, when nothing but such Convs reads the padded tensor (and it is
-    no graph output). Before fusion: the rule reads `Generic.zero_pad`, which fusion clears."""
+    """Convs reading a zero pad of their input's spatial dims (as `x`) read the unpadded tensor
+    instead, the pad added to their own pads, when nothing but such Convs reads the padded tensor
+    (and it is no graph output). Runs before fusion: it reads `Generic.zero_pad`, which fusion clears."""
     outputs = {prog.root(o) for o in prog.outputs}
-    producer_of = {op.out: op for op in prog.ops}
     readers = _readers(prog)
-    for conv in prog.ops:
-        if not isinstance(conv, Conv) or conv.prologues:
-            continue
-        pad = producer_of.get(conv.x)
+    for pad in prog.ops:
         if not isinstance(pad, Generic) or pad.zero_pad is None or pad.out in outputs:
             continue
-        padded = prog.tensors[pad.out]
-        if any(not isinstance(r, Conv) or r.w == pad.out or r.x != pad.out or tuple(r.x_shape) != padded.shape
-               for r in readers.get(pad.out, [])):
+        convs = readers.get(pad.out, [])
+        shape = prog.tensors[pad.out].shape
+        if not convs or any(not isinstance(c, Conv) or c.prologues or c.x != pad.out or c.w == pad.out
+                            or tuple(c.x_shape) != shape for c in convs):
             continue   # another reader needs the padded tensor (or reads it through another shape)
         src, extra = pad.zero_pad
-        conv.x, conv.x_shape = prog.root(src), tuple(prog.tensors[src].shape)
-        conv.pads = tuple(p + e for p, e in zip(conv.pads, extra))
+        for c in convs:
+            c.x, c.x_shape = prog.root(src), tuple(prog.tensors[src].shape)
+            c.pads = tuple(p + e for p, e in zip(c.pads, extra))
     return prog
 
 
