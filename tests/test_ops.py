@@ -108,6 +108,54 @@ def test_conv_1x1_and_no_bias(check):
     check(m)
 
 
+def _pad_conv(value=None, other_reader=None):
+    """x -> Pad (spatial pads 1,2 / 2,1 with `value`) -> Conv 3x3 (own pads 1) -> y; `other_reader`
+    ("sum" or "conv") reads the padded tensor too, for a second output."""
+    rng = np.random.default_rng(5)
+    inits = {"pads": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64),
+             "w": rng.standard_normal([4, 3, 3, 3]).astype(np.float32), "b": rng.standard_normal([4]).astype(np.float32)}
+    pad_in = ["x", "pads"]
+    if value is not None:
+        inits["v"] = np.array(value, np.float32)
+        pad_in.append("v")
+    nodes = [helper.make_node("Pad", pad_in, ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    outs = [vi("y", None)]
+    if other_reader == "sum":
+        nodes.append(helper.make_node("ReduceSum", ["p"], ["s"], name="sum", keepdims=0))
+        outs.append(vi("s", None))
+    elif other_reader == "conv":
+        inits["w2"] = rng.standard_normal([2, 3, 2, 2]).astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["p", "w2"], ["z"], name="conv2", strides=[2, 2]))
+        outs.append(vi("z", None))
+    return make_model(nodes, [vi("x", [1, 3, 6, 5])], outs, inits)
+
+
+def _conv_ops(res):
+    from webiree.ir.program import Conv
+    return [op for op in res.program.ops if isinstance(op, Conv)]
+
+
+def test_zero_pad_folds_into_conv(check):
+    """passes.fold_pad_into_conv: the Conv reads x with the Pad's zeros added to its own pads; no
+    dispatch computes the padded tensor. Two Convs sharing the pad both take it."""
+    res = check(_pad_conv())
+    (op,) = _conv_ops(res)
+    assert op.x == "x" and op.pads == (2, 3, 3, 2)
+    assert all("pad" not in op.nodes for op in res.program.ops)
+    res = check(_pad_conv(other_reader="conv"))
+    assert [(op.x, op.pads) for op in _conv_ops(res)] == [("x", (2, 3, 3, 2)), ("x", (1, 2, 2, 1))]
+    assert all("pad" not in op.nodes for op in res.program.ops)
+
+
+def test_pad_with_another_reader_or_a_value_is_not_folded(check):
+    """A padded tensor something else reads too, or padded with a value other than 0, is computed; the
+    Conv reads it with its own pads."""
+    for model in (_pad_conv(other_reader="sum"), _pad_conv(value=1.5)):
+        (op,) = _conv_ops(check(model))
+        assert op.x != "x" and op.pads == (1, 1, 1, 1)
+
+
 @pytest.mark.parametrize("op,kw", [
     ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),

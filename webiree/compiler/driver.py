@@ -1,6 +1,6 @@
 """The compiler pipeline, stage by stage (DESIGN.md: data flows one way).
 
-    import -> lower (fold constants, canonical ops) -> dce -> fuse -> dce
+    import -> lower (fold constants, canonical ops) -> fold_pad_into_conv -> dce -> fuse -> dce
            -> plan memory -> kernels (config + kernel IR + WGSL, naga-validated)
            -> schedule module + weights blob
 
@@ -125,6 +125,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
         dumps["import"] = graph.summary()
     stage[0] = "lower"
     prog = lower(graph)
+    passes.fold_pad_into_conv(prog)
     passes.dce(prog)
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()

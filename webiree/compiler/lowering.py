@@ -71,7 +71,6 @@ class Lowering:
         self._names: set[str] = set()
         self.node: Node | None = None
         self._op_names: set[str] = set()
-        self.pad_info: dict[str, tuple] = {}   # zero-Pad output -> (its input, spatial pads)
         self.bad_inputs: list[tuple[str, str]] = []   # inputs of types WebGPU cannot hold
         self.pending: list[Node] = []     # nodes a handler asked to lower in its place (see `expand`)
         for name in graph.inputs:
@@ -145,10 +144,6 @@ class Lowering:
         self._op_names.add(name)
         return name
 
-    def pad_source(self, name: str):
-        """(input, spatial pads) if `name` is a zero constant Pad of spatial dims."""
-        return self.pad_info.get(name)
-
     # --- reading tensors inside expressions --------------------------------
     def _const_tensor(self, name: str) -> str:
         if name not in self.tensors:
@@ -205,13 +200,15 @@ class Lowering:
     def set_const(self, name: str, value) -> None:
         self.consts[name] = np.asarray(value)
 
-    def generic(self, out: str, shape, dtype: str, fn) -> None:
-        """Emit out[coords] = fn(coords) as one Generic op."""
+    def generic(self, out: str, shape, dtype: str, fn) -> Generic:
+        """Emit out[coords] = fn(coords) as one Generic op (returned)."""
         t = self._new(out, shape, dtype)
         expr = fn(coords_of(OUT_INDEX, t.shape))
         if expr.dtype != dtype:
             expr = kir.cast(expr, dtype)
-        self.ops.append(Generic(name=self.op_name(self.node.name), out=out, nodes=[self.node.name], expr=expr))
+        op = Generic(name=self.op_name(self.node.name), out=out, nodes=[self.node.name], expr=expr)
+        self.ops.append(op)
+        return op
 
     def view(self, out: str, src: str, shape) -> None:
         """out is `src` with another shape (same elements, same order): no dispatch."""

@@ -1,6 +1,13 @@
-"""Program passes: dead-code elimination and fusion into dispatch regions.
+"""Program passes: dead-code elimination, folding a zero Pad into the Conv that
+reads it, and fusion into dispatch regions.
 
-Fusion has two rules, applied in order:
+`fold_pad_into_conv` runs first, on the program as lowering left it: a Conv
+whose input is a Generic op that only zero-pads its spatial dims (Pad's
+lowering marks such an op, `Generic.zero_pad`) reads the unpadded tensor
+instead, with the pad added to its own pads; the pad then has no reader and
+dce drops it.
+
+Fusion has three rules, applied in order:
 
 1. *Elementwise chains.* A Generic op read by Generic ops only is inlined
    into its readers (its expression substituted at the index they read), when
@@ -21,7 +28,7 @@ No rule may exceed the number of storage buffers one kernel can bind.
 from __future__ import annotations
 
 from ..ir import kir
-from ..ir.program import O, Anchor, Generic, Program
+from ..ir.program import O, Anchor, Conv, Generic, Program
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
 PROLOGUE_COST = 24  # a producer this cheap may be recomputed inside an anchor's input loads
@@ -50,6 +57,27 @@ def dce(prog: Program) -> Program:
                 return False
         return t.name in used
     prog.tensors = {n: t for n, t in prog.tensors.items() if n in used or (t.alias_of is not None and live_view(t))}
+    return prog
+
+
+def fold_pad_into_conv(prog: Program) -> Program:
+    """Convs reading a zero pad of their input's spatial dims (as `x`) read the unpadded tensor
+    instead, the pad added to their own pads, when nothing but such Convs reads the padded tensor
+    (and it is no graph output). Runs before fusion: it reads `Generic.zero_pad`, which fusion clears."""
+    outputs = {prog.root(o) for o in prog.outputs}
+    readers = _readers(prog)
+    for pad in prog.ops:
+        if not isinstance(pad, Generic) or pad.zero_pad is None or pad.out in outputs:
+            continue
+        convs = readers.get(pad.out, [])
+        shape = prog.tensors[pad.out].shape
+        if not convs or any(not isinstance(c, Conv) or c.prologues or c.x != pad.out or c.w == pad.out
+                            or tuple(c.x_shape) != shape for c in convs):
+            continue   # another reader needs the padded tensor (or reads it through another shape)
+        src, extra = pad.zero_pad
+        for c in convs:
+            c.x, c.x_shape = prog.root(src), tuple(prog.tensors[src].shape)
+            c.pads = tuple(p + e for p, e in zip(c.pads, extra))
     return prog
 
 
@@ -106,6 +134,7 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             else:
                 for r, e in zip(rs, new_exprs):
                     r.expr = e
+                    r.zero_pad = None     # no longer a bare pad of a tensor
                     r.nodes = p.nodes + [n for n in r.nodes if n not in p.nodes]
                 prog.ops.remove(p)
                 changed = True

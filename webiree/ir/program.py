@@ -128,6 +128,10 @@ def _expr_reads(e: Expr | None) -> list[str]:
 @dataclass
 class Generic(Op):
     expr: Expr = None
+    # (source tensor, begin... end... pads of its spatial dims) when this op only pads the spatial
+    # dims of an N, C, *spatial tensor with zeros (Pad's lowering says so); read by the pass that
+    # folds such a pad into the Conv reading it. Fusion clears it when it rewrites `expr`.
+    zero_pad: tuple | None = None
 
     def reads(self):
         return _expr_reads(self.expr)
@@ -184,7 +188,6 @@ class Conv(Anchor):
     dilations: tuple = ()
     pads: tuple = ()            # begin..., end...
     group: int = 1
-    transpose: bool = False     # ConvTranspose (w is C, M/group, *kernel)
 
     def inputs(self):
         return [self.x, self.w]
@@ -293,9 +296,10 @@ def op_flops(op: Op) -> int:
 # to it: cumulative sums and products, scatters (the updates in order, so
 # duplicates and reductions are exact), ConvTranspose, Col2Im and DeformConv
 # (the input positions that reach an output), RoiAlign's samples, DFT and
-# STFT, Einsum, TopK's rank counting, MaxPool's argmax, MaxUnpool (see
-# compiler/ops/loops.py). Expressions read tensors with `load(tensor, index)` like
-# Generic's and use the vars `LOOP_K` and `acc_vars(...)`.
+# STFT, Einsum, TopK's rank counting, MaxPool's argmax, MaxUnpool (each op's
+# file in compiler/ops/ builds its steps; compiler/ops/loops.py emits the op).
+# Expressions read tensors with `load(tensor, index)` like Generic's and use the
+# vars `LOOP_K` and `acc_vars(...)`.
 
 LOOP_K = kir.var("k", "i32")      # the step index inside a Loop's updates
 

@@ -1,6 +1,9 @@
-"""Small helpers shared by op handlers: broadcasting, axes, attribute forms."""
+"""Small helpers shared by op handlers: broadcasting, axes, attribute forms, and the
+window attributes (kernel, strides, dilations, pads / auto_pad) Conv and the pools share."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -69,3 +72,55 @@ def onnx_type(ctx, name: str) -> int:
 
 # ONNX integer type -> (bits, signed)
 INT_BITS = {d.onnx: (d.bits, d.signed) for d in BY_ONNX.values() if d.numpy[-2] in "iu"}
+
+
+# --- sliding windows (Conv and the pools read these attributes alike) ---------------
+
+def window_pads(node, in_sp, kernel, strides, dilations):
+    """Explicit begin/end pads from `pads` or `auto_pad`."""
+    nd = len(in_sp)
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        pads = list(node.attr("pads", [0] * (2 * nd)))
+        if len(pads) != 2 * nd:
+            raise ShapeError(f"pads {pads} do not match {nd} spatial dims")
+        if any(p < 0 or p >= (1 << 31) for p in pads):
+            raise ShapeError(f"pads must be non-negative 32-bit integers, got {pads}")
+        return pads
+    if auto == "VALID":
+        return [0] * (2 * nd)
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ShapeError(f"unknown auto_pad {auto!r}")
+    begin, end = [], []
+    for i, s, k, st, d in zip(range(nd), in_sp, kernel, strides, dilations):
+        total = max((math.ceil(s / st) - 1) * st + (k - 1) * d + 1 - s, 0)
+        small = total // 2
+        begin.append(small if auto == "SAME_UPPER" else total - small)
+        end.append(total - begin[-1])
+    return begin + end
+
+
+def window_out(in_sp, kernel, strides, dilations, pads, ceil_mode=False):
+    """The output's spatial dims of a window sliding over `in_sp` (a window that does not fit is a ShapeError)."""
+    nd = len(in_sp)
+    out = []
+    for i in range(nd):
+        span = in_sp[i] + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1
+        if ceil_mode:
+            o = -(-span // strides[i]) + 1
+            if (o - 1) * strides[i] >= in_sp[i] + pads[i]:
+                o -= 1
+        else:
+            o = span // strides[i] + 1
+        if o <= 0:
+            raise ShapeError(f"window {kernel} with pads {pads} does not fit input {tuple(in_sp)}")
+        out.append(o)
+    return out
+
+
+def check_positive(name, values, nd=None):
+    """Strides, dilations and kernel sizes: one per spatial dim, each a positive 32-bit integer."""
+    if nd is not None and len(values) != nd:
+        raise ShapeError(f"{name} {list(values)} does not match {nd} spatial dims")
+    if any(v <= 0 or v >= (1 << 31) for v in values):
+        raise ShapeError(f"{name} must be positive 32-bit integers, got {list(values)}")

@@ -1,7 +1,8 @@
-"""Contractions: MatMul and Gemm lower to the MatMul anchor.
+"""Contractions: MatMul and Gemm lower to the MatMul anchor; Det; Einsum.
 
 Gemm's `beta * C` becomes a broadcasting Generic add that fusion folds into
-the MatMul's epilogue, so a Gemm (+ activation) is one dispatch.
+the MatMul's epilogue, so a Gemm (+ activation) is one dispatch. Einsum sums
+the product of its operands over the contracted letters: the Loop kind.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ...ir.program import MatMul
+from ...ir import kir
+from ...ir.program import MatMul, numel
 from .registry import Unsupported, register
 from .common import broadcast_shapes
+from .loops import emit_loop, unflatten
 
 
 @register("MatMul")
@@ -83,7 +86,6 @@ def det(ctx, node):
         raise Unsupported(f"Det of {n}x{n} matrices (only up to 4x4)")
     if ctx.dtype(x) != "f32":
         raise Unsupported("Det on non-float tensors")
-    from ...ir import kir
 
     def rule(cs):
         total = None
@@ -99,3 +101,55 @@ def det(ctx, node):
                 total = total - term if inv % 2 else total + term
         return total
     ctx.generic(node.outputs[0], s[:-2], "f32", rule)
+
+
+@register("Einsum")
+def einsum(ctx, node):
+    """out[free letters] = sum over the other letters of the product of the operands."""
+    eq = node.attr("equation").replace(" ", "")
+    names = [i for i in node.inputs if i]
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(names):
+        raise ShapeError(f"Einsum equation {eq!r} has {len(terms)} operands, the node {len(names)}")
+    shapes = [list(ctx.shape(n)) for n in names]
+    ks = [len(s) - (len(t) - 3) if "..." in t else 0 for t, s in zip(terms, shapes)]
+    E = max(ks, default=0)
+
+    def letters_of(t, k):
+        if "..." not in t:
+            return list(t)
+        i = t.index("...")
+        # ellipsis dims are aligned on the right (broadcast), named by their position among E
+        return list(t[:i]) + [f"...{E - k + j}" for j in range(k)] + list(t[i + 3:])
+    dims: dict = {}
+    expanded = []
+    for t, s, k in zip(terms, shapes, ks):
+        letters = letters_of(t, k)
+        if len(letters) != len(s):
+            raise ShapeError(f"Einsum term {t!r} does not match operand shape {tuple(s)}")
+        for l, d in zip(letters, s):
+            if dims.get(l, 1) not in (1, d) and d != 1:
+                raise ShapeError(f"Einsum letter {l!r} has sizes {dims[l]} and {d}")
+            dims[l] = max(dims.get(l, 1), d)
+        expanded.append(letters)
+    ell = [f"...{j}" for j in range(E)]
+    if arrow:
+        out_letters = letters_of(rhs, E) if "..." in rhs else list(rhs)
+    else:   # implicit output: the ellipsis, then the letters used once, in alphabetical order
+        once = sorted(l for l in dims if not l.startswith("...") and sum(e.count(l) for e in expanded) == 1)
+        out_letters = ell + once
+    summed = [l for l in dims if l not in out_letters]
+    out_shape = [dims[l] for l in out_letters]
+    dt = ctx.dtype(names[0])
+
+    def step(cs, k, accs):
+        val = dict(zip(out_letters, cs))
+        val.update(zip(summed, unflatten(k, [dims[l] for l in summed])))
+        prod = None
+        for letters, n, s in zip(expanded, names, shapes):
+            v = ctx.read(n, [val[l] if d != 1 else kir.i32(0) for l, d in zip(letters, s)])
+            prod = v if prod is None else prod * v
+        return [accs[0] + prod]
+    emit_loop(ctx, node.outputs[0], out_shape, dt, numel([dims[l] for l in summed]), [dt],
+              lambda cs: [kir.const(0, dt)], step)

@@ -1,68 +1,24 @@
-"""Convolution and pooling: Conv, MaxPool, AveragePool, LpPool, Global*Pool,
-BatchNormalization (inference), InstanceNormalization is in reduce.py.
+"""The convolution family: Conv, ConvTranspose, Col2Im, DeformConv.
 
-Conv's bias becomes a broadcasting Generic add (fused into the conv's
-epilogue later); a constant-zero Pad feeding a Conv is folded into its pads.
+Conv lowers to the Conv anchor (a pointwise Conv to a MatMul); its bias
+becomes a broadcasting Generic add that fusion folds into the epilogue. (A
+zero Pad feeding a Conv becomes the Conv's own pads in a pass after lowering:
+passes.fold_pad_into_conv.) ConvTranspose, Col2Im and DeformConv sum over the
+input positions that reach each output element: the Loop kind.
+(ConvInteger and QLinearConv are quant.py's: they lower to a Conv node.)
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ...errors import ShapeError
-from ...ir.program import Conv, MatMul, Pool, Reduce
+from ...ir import kir
+from ...ir.kir import f32, select
+from ...ir.program import Conv, MatMul, flat_of, numel
 from .registry import Unsupported, register
-from .shape import pad_params
-
-
-def window_pads(node, in_sp, kernel, strides, dilations):
-    """Explicit begin/end pads from `pads` or `auto_pad`."""
-    nd = len(in_sp)
-    auto = node.attr("auto_pad", "NOTSET")
-    if auto in ("NOTSET", ""):
-        pads = list(node.attr("pads", [0] * (2 * nd)))
-        if len(pads) != 2 * nd:
-            raise ShapeError(f"pads {pads} do not match {nd} spatial dims")
-        if any(p < 0 or p >= (1 << 31) for p in pads):
-            raise ShapeError(f"pads must be non-negative 32-bit integers, got {pads}")
-        return pads
-    if auto == "VALID":
-        return [0] * (2 * nd)
-    if auto not in ("SAME_UPPER", "SAME_LOWER"):
-        raise ShapeError(f"unknown auto_pad {auto!r}")
-    begin, end = [], []
-    for i, s, k, st, d in zip(range(nd), in_sp, kernel, strides, dilations):
-        total = max((math.ceil(s / st) - 1) * st + (k - 1) * d + 1 - s, 0)
-        small = total // 2
-        begin.append(small if auto == "SAME_UPPER" else total - small)
-        end.append(total - begin[-1])
-    return begin + end
-
-
-def window_out(in_sp, kernel, strides, dilations, pads, ceil_mode=False):
-    nd = len(in_sp)
-    out = []
-    for i in range(nd):
-        span = in_sp[i] + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1
-        if ceil_mode:
-            o = -(-span // strides[i]) + 1
-            if (o - 1) * strides[i] >= in_sp[i] + pads[i]:
-                o -= 1
-        else:
-            o = span // strides[i] + 1
-        if o <= 0:
-            raise ShapeError(f"window {kernel} with pads {pads} does not fit input {tuple(in_sp)}")
-        out.append(o)
-    return out
-
-
-def _check_positive(name, values, nd=None):
-    if nd is not None and len(values) != nd:
-        raise ShapeError(f"{name} {list(values)} does not match {nd} spatial dims")
-    if any(v <= 0 or v >= (1 << 31) for v in values):
-        raise ShapeError(f"{name} must be positive 32-bit integers, got {list(values)}")
+from .common import check_positive, const_ints, window_out, window_pads
+from .loops import emit_loop, unflatten
 
 
 @register("Conv")
@@ -78,20 +34,14 @@ def conv(ctx, node):
     strides = list(node.attr("strides", [1] * nd))
     dilations = list(node.attr("dilations", [1] * nd))
     group = int(node.attr("group", 1))
-    _check_positive("strides", strides, nd)
-    _check_positive("dilations", dilations, nd)
-    _check_positive("kernel_shape", kernel, nd)
+    check_positive("strides", strides, nd)
+    check_positive("dilations", dilations, nd)
+    check_positive("kernel_shape", kernel, nd)
     if list(kernel) != list(ws[2:]):
         raise ShapeError(f"kernel_shape {kernel} differs from the weight's spatial dims {tuple(ws[2:])}")
     if group <= 0 or xs[1] % group or ws[0] % group or ws[1] * group != xs[1]:
         raise ShapeError(f"Conv group {group} does not divide channels: input {xs}, weight {ws}")
     pads = window_pads(node, xs[2:], kernel, strides, dilations)
-    # a constant-zero Pad right before the conv becomes the conv's own padding
-    src = ctx.pad_source(x)
-    if src is not None:
-        x, extra = src
-        xs = ctx.shape(x)
-        pads = [p + e for p, e in zip(pads, extra)]
     out_sp = window_out(xs[2:], kernel, strides, dilations, pads)
     out_shape = [xs[0], ws[0]] + out_sp
     b = node.input(2)
@@ -118,94 +68,154 @@ def conv(ctx, node):
                     lambda cs: ctx.read(out, cs) + ctx.read(b, [cs[1]]))
 
 
-def _pool(ctx, node, mode):
-    x = node.inputs[0]
-    xs = ctx.shape(x)
+@register("ConvTranspose")
+def conv_transpose(ctx, node):
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.input(2)
+    xs, ws = ctx.shape(x), ctx.shape(w)
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("ConvTranspose on non-float tensors")
     nd = len(xs) - 2
-    if nd < 1:
-        raise ShapeError(f"{node.op} needs an N,C,spatial input, got {xs}")
-    kernel = list(node.attr("kernel_shape", []))
-    if len(kernel) != nd:
-        raise ShapeError(f"kernel_shape {kernel} does not match {nd} spatial dims")
+    group = int(node.attr("group", 1))
+    kernel = list(node.attr("kernel_shape", ws[2:]))
     strides = list(node.attr("strides", [1] * nd))
-    dilations = list(node.attr("dilations", [1] * nd))
-    _check_positive("strides", strides, nd)
-    _check_positive("dilations", dilations, nd)
-    _check_positive("kernel_shape", kernel, nd)
-    pads = window_pads(node, xs[2:], kernel, strides, dilations)
-    out_sp = window_out(xs[2:], kernel, strides, dilations, pads, bool(node.attr("ceil_mode", 0)))
-    out_shape = [xs[0], xs[1]] + out_sp
-    op = Pool(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x), mode=mode,
-              x_shape=tuple(xs), out_shape=tuple(out_shape), kernel=tuple(kernel), strides=tuple(strides),
-              dilations=tuple(dilations), pads=tuple(pads),
-              count_include_pad=bool(node.attr("count_include_pad", 0)), p=float(node.attr("p", 2)))
-    ctx.anchor(op, out_shape, ctx.dtype(x))
-    if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
-        from .loops import maxpool_indices
-        maxpool_indices(ctx, node, x, node.outputs[1], out_shape, kernel, strides, dilations, pads)
+    dil = list(node.attr("dilations", [1] * nd))
+    out_pad = list(node.attr("output_padding", [0] * nd))
+    auto = node.attr("auto_pad", "NOTSET")
+    pads = node.attr("pads")
+    out_sp = node.attr("output_shape")
+    if out_sp is not None and len(out_sp) > nd:
+        out_sp = out_sp[-nd:]
+    C, M = xs[1], ws[1] * group
+    if C != ws[0] or C % group:
+        raise ShapeError(f"ConvTranspose input {xs} and weight {ws} do not match (group {group})")
+    if pads is None and auto in ("SAME_UPPER", "SAME_LOWER") or out_sp is not None:
+        if out_sp is None:
+            out_sp = [xs[2 + i] * strides[i] for i in range(nd)]
+        total = [strides[i] * (xs[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - out_sp[i]
+                 for i in range(nd)]
+        if auto == "SAME_UPPER":
+            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+        else:
+            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
+    else:
+        pads = list(pads or [0] * (2 * nd))
+        out_sp = [strides[i] * (xs[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[nd + i]
+                  for i in range(nd)]
+    out_shape = [xs[0], M] + list(out_sp)
+    Cg, Mg = C // group, M // group
+    ksize = numel(kernel)
+
+    def step(cs, k, accs):
+        n, m, ys = cs[0], cs[1], cs[2:]
+        c_local, kk = (k // ksize, k % ksize) if ksize > 1 else (k, kir.i32(0))
+        kc = unflatten(kk, kernel)
+        g = m // Mg if group > 1 else kir.i32(0)
+        c = g * Cg + c_local
+        ok = kir.const(True, "bool")
+        src = []
+        for i in range(nd):
+            p = ys[i] + pads[i] - kc[i] * dil[i]
+            q = p // strides[i] if strides[i] > 1 else p
+            cond = kir.binary("and", p >= 0, q < xs[2 + i])
+            if strides[i] > 1:
+                cond = kir.binary("and", cond, kir.binary("eq", p % strides[i], kir.i32(0)))
+            ok = kir.binary("and", ok, cond)
+            src.append(kir.clamp(q, 0, xs[2 + i] - 1))
+        xv = ctx.read(x, [n, c] + src)
+        wv = ctx.read(w, [c, m % Mg if group > 1 else m] + kc)
+        return [accs[0] + select(ok, xv * wv, f32(0.0))]
+
+    init = (lambda cs: [ctx.read(b, [cs[1]])]) if b else (lambda cs: [f32(0.0)])
+    emit_loop(ctx, node.outputs[0], out_shape, "f32", Cg * ksize, ["f32"], init, step)
 
 
-@register("MaxPool")
-def maxpool(ctx, node):
-    _pool(ctx, node, "max")
-
-
-@register("AveragePool")
-def avgpool(ctx, node):
-    _pool(ctx, node, "avg")
-
-
-@register("LpPool")
-def lppool(ctx, node):
-    _pool(ctx, node, "lp")
-
-
-@register("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
-def global_pool(ctx, node):
+@register("Col2Im")
+def col2im(ctx, node):
     x = node.inputs[0]
+    image = const_ints(ctx, node, 1)
+    block = const_ints(ctx, node, 2)
+    if image is None or block is None:
+        raise Unsupported("image_shape and block_shape must be compile-time constants")
+    nd = len(image)
     xs = ctx.shape(x)
-    if len(xs) < 3:
-        raise ShapeError(f"{node.op} needs an N,C,spatial input, got {xs}")
-    mode = {"GlobalAveragePool": "mean", "GlobalMaxPool": "max", "GlobalLpPool": "lp"}[node.op]
-    p = float(node.attr("p", 2))
-    if mode == "lp":
-        if p not in (1.0, 2.0):
-            raise Unsupported(f"GlobalLpPool with p={p}")
-        mode = "l1" if p == 1.0 else "l2"
-    out_shape = list(xs[:2]) + [1] * (len(xs) - 2)
-    op = Reduce(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x), mode=mode,
-                outer=xs[0] * xs[1], r=int(np.prod(xs[2:])), inner=1)
-    ctx.anchor(op, out_shape)
+    strides = list(node.attr("strides", [1] * nd))
+    dil = list(node.attr("dilations", [1] * nd))
+    pads = list(node.attr("pads", [0] * (2 * nd)))
+    bsize = numel(block)
+    C = xs[1] // bsize
+    L = [(image[i] + pads[i] + pads[nd + i] - (dil[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(nd)]
+    if numel(L) != xs[2]:
+        raise ShapeError(f"Col2Im input {xs} does not hold {L} blocks")
+    out_shape = [xs[0], C] + list(image)
+
+    def step(cs, k, accs):
+        n, c, ys = cs[0], cs[1], cs[2:]
+        kc = unflatten(k, block)
+        ok = kir.const(True, "bool")
+        ls = []
+        for i in range(nd):
+            p = ys[i] + pads[i] - kc[i] * dil[i]
+            q = p // strides[i] if strides[i] > 1 else p
+            cond = kir.binary("and", p >= 0, q < L[i])
+            if strides[i] > 1:
+                cond = kir.binary("and", cond, kir.binary("eq", p % strides[i], kir.i32(0)))
+            ok = kir.binary("and", ok, cond)
+            ls.append(kir.clamp(q, 0, L[i] - 1))
+        v = ctx.read(x, [n, c * bsize + k, flat_of(ls, L)])
+        return [accs[0] + select(ok, v, f32(0.0))]
+    emit_loop(ctx, node.outputs[0], out_shape, "f32", bsize, ["f32"], lambda cs: [f32(0.0)], step)
 
 
-@register("BatchNormalization")
-def batchnorm(ctx, node):
-    x, scale, bias, mean, var = node.inputs[:5]
-    if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
-        from .norms import batchnorm_training
-        if ctx.opset < 14:
-            raise Unsupported("BatchNormalization's training outputs before opset 14")
-        batchnorm_training(ctx, node)
-        return
-    eps = float(node.attr("epsilon", 1e-5))
-    xs = ctx.shape(x)
-    consts = [ctx.const(n) for n in (scale, bias, mean, var)]
-    if all(c is not None for c in consts):
-        s, b, m, v = (np.asarray(c, dtype=np.float64) for c in consts)
-        a = s / np.sqrt(v + eps)
-        name_a, name_b = ctx.temp("bn_scale"), ctx.temp("bn_shift")
-        ctx.set_const(name_a, a.astype(np.float32))
-        ctx.set_const(name_b, (b - m * a).astype(np.float32))
-        ctx.generic(node.outputs[0], xs, "f32",
-                    lambda cs: ctx.read(x, cs) * ctx.read(name_a, [cs[1]]) + ctx.read(name_b, [cs[1]]))
-        return
-    from ...ir import kir
+# --- DeformConv: bilinear samples at learned offsets -----------------------------------
 
-    def rule(cs):
-        c = [cs[1]]
-        inv = kir.unary("rsqrt", ctx.read(var, c) + eps)
-        return (ctx.read(x, cs) - ctx.read(mean, c)) * inv * ctx.read(scale, c) + ctx.read(bias, c)
-    ctx.generic(node.outputs[0], xs, "f32", rule)
+def _bilinear_zero(ctx, x, base, h, w, H, W):
+    """Bilinear sample of x[*base, h, w] (f32 pixel coordinates); taps outside the image read 0."""
+    h0f, w0f = kir.unary("floor", h), kir.unary("floor", w)
+    lh, lw = h - h0f, w - w0f
+    h0, w0 = kir.cast(h0f, "i32"), kir.cast(w0f, "i32")
+    total = None
+    for dh, wh in ((0, 1.0 - lh), (1, lh)):
+        for dw, ww in ((0, 1.0 - lw), (1, lw)):
+            hi, wi = h0 + dh, w0 + dw
+            ok = kir.binary("and", kir.binary("and", hi >= 0, hi < H), kir.binary("and", wi >= 0, wi < W))
+            v = ctx.read(x, base + [kir.clamp(hi, 0, H - 1), kir.clamp(wi, 0, W - 1)])
+            term = select(ok, v, f32(0.0)) * (wh * ww)
+            total = term if total is None else total + term
+    return total
 
 
-__all__ = ["window_pads", "window_out", "pad_params"]
+@register("DeformConv")
+def deform_conv(ctx, node):
+    x, w, off = node.inputs[:3]
+    b, mask = node.input(3), node.input(4)
+    xs, ws, os_ = ctx.shape(x), ctx.shape(w), ctx.shape(off)
+    if len(xs) != 4:
+        raise Unsupported("DeformConv other than 2-D")
+    N, C, H, W = xs
+    M = ws[0]
+    group = int(node.attr("group", 1))
+    og = int(node.attr("offset_group", 1))
+    kh, kw = list(node.attr("kernel_shape", ws[2:]))
+    sh, sw = list(node.attr("strides", [1, 1]))
+    dh, dw = list(node.attr("dilations", [1, 1]))
+    pads = list(node.attr("pads", [0, 0, 0, 0]))
+    oh, ow = os_[2], os_[3]
+    Cg, Mg, Cog = C // group, M // group, C // og
+    K = kh * kw
+
+    def step(cs, k, accs):
+        n, m, i, j = cs
+        c_local, kk = k // K, k % K
+        ki, kj = kk // kw, kk % kw
+        c = (m // Mg) * Cg + c_local if group > 1 else c_local
+        g = c // Cog if og > 1 else kir.i32(0)
+        ch = (g * K + kk) * 2
+        h = kir.cast(i * sh - pads[0] + ki * dh, "f32") + ctx.read(off, [n, ch, i, j])
+        ww = kir.cast(j * sw - pads[1] + kj * dw, "f32") + ctx.read(off, [n, ch + 1, i, j])
+        v = _bilinear_zero(ctx, x, [n, c], h, ww, H, W) * ctx.read(w, [m, c_local, ki, kj])
+        if mask:
+            v = v * ctx.read(mask, [n, g * K + kk, i, j])
+        return [accs[0] + v]
+    init = (lambda cs: [ctx.read(b, [cs[1]])]) if b else (lambda cs: [f32(0.0)])
+    emit_loop(ctx, node.outputs[0], [N, M, oh, ow], "f32", Cg * K, ["f32"], init, step)

@@ -3,7 +3,9 @@
 Each lowers to one Generic op whose expression reads its inputs with numpy
 broadcasting; fusion later merges chains of them into one dispatch.
 Formulas are written so NaN propagates as onnxruntime does (e.g. Relu uses a
-select that keeps NaN, not max()).
+select that keeps NaN, not max()). The activations are plain functions of an
+expression (`relu`, `softplus`, `hard_sigmoid`, ...) so the recurrent ops use
+the same definitions.
 """
 
 from __future__ import annotations
@@ -19,9 +21,68 @@ from ...dtypes import storage_of
 from .common import INT_BITS, broadcast_shapes, onnx_type
 
 
-def _softplus(x: Expr) -> Expr:
+def _keep_nan(x: Expr, value: Expr) -> Expr:
+    """`value`, but NaN where x is NaN (WGSL's max/min/sign/pow may drop a NaN; onnxruntime keeps it)."""
+    if x.dtype != "f32":
+        return value
+    return select(kir.unary("isnan", x), x, value)
+
+
+# --- activations -------------------------------------------------------------------
+# One definition each, used by the activation ops below and by the recurrent ops'
+# `activations` attribute (rnn.py). Parameters default as the ONNX ops' attributes do.
+
+def relu(x: Expr) -> Expr:
+    # a select keeps NaN (max(x, 0) may drop it)
+    return select(x < 0.0, f32(0.0), x) if x.dtype == "f32" else kir.maximum(x, 0)
+
+
+def sigmoid(x: Expr) -> Expr:
+    return 1.0 / (1.0 + kir.unary("exp", -x))
+
+
+def tanh(x: Expr) -> Expr:
+    return kir.unary("tanh", x)
+
+
+def softplus(x: Expr) -> Expr:
     # log(1 + exp(x)) without overflow: max(x, 0) + log(1 + exp(-|x|))
     return select(x > 0.0, x, f32(0.0)) + kir.unary("log", 1.0 + kir.unary("exp", -kir.unary("abs", x)))
+
+
+def softsign(x: Expr) -> Expr:
+    return x / (1.0 + kir.unary("abs", x))
+
+
+def elu(x: Expr, alpha=1.0) -> Expr:
+    return select(x < 0.0, alpha * (kir.unary("exp", x) - 1.0), x)
+
+
+def leaky_relu(x: Expr, alpha=0.01) -> Expr:
+    return select(x < 0.0, alpha * x, x)
+
+
+def thresholded_relu(x: Expr, alpha=1.0) -> Expr:
+    return select(x > alpha, x, f32(0.0))
+
+
+def hard_sigmoid(x: Expr, alpha=0.2, beta=0.5) -> Expr:
+    return _keep_nan(x, kir.maximum(f32(0.0), kir.minimum(f32(1.0), alpha * x + beta)))
+
+
+def affine(x: Expr, alpha=1.0, beta=0.0) -> Expr:
+    """alpha * x + beta: a recurrent activation only (no longer an ONNX op)."""
+    return alpha * x + beta
+
+
+def scaled_tanh(x: Expr, alpha=1.0, beta=1.0) -> Expr:
+    """alpha * tanh(beta * x): a recurrent activation only (no longer an ONNX op)."""
+    return alpha * kir.unary("tanh", beta * x)
+
+
+def _given(attrs: dict, *names) -> dict:
+    """The node's values of these attributes (the activation's defaults stand for the others)."""
+    return {n: attrs[n] for n in names if n in attrs}
 
 
 def _gelu(x: Expr, approximate: str) -> Expr:
@@ -31,19 +92,12 @@ def _gelu(x: Expr, approximate: str) -> Expr:
     return 0.5 * x * (1.0 + kir.unary("erf", x * (1.0 / math.sqrt(2.0))))
 
 
-def _keep_nan(x: Expr, value: Expr) -> Expr:
-    """`value`, but NaN where x is NaN (WGSL's max/min/sign/pow may drop a NaN; onnxruntime keeps it)."""
-    if x.dtype != "f32":
-        return value
-    return select(kir.unary("isnan", x), x, value)
-
-
 def _unary_rules():
     u = kir.unary
     return {
-        "Relu": lambda x, a: select(x < 0.0, f32(0.0), x) if x.dtype == "f32" else kir.maximum(x, 0),
-        "Sigmoid": lambda x, a: 1.0 / (1.0 + u("exp", -x)),
-        "Tanh": lambda x, a: u("tanh", x),
+        "Relu": lambda x, a: relu(x),
+        "Sigmoid": lambda x, a: sigmoid(x),
+        "Tanh": lambda x, a: tanh(x),
         "Exp": lambda x, a: u("exp", x),
         "Log": lambda x, a: u("log", x),
         "Sqrt": lambda x, a: u("sqrt", x),
@@ -59,24 +113,23 @@ def _unary_rules():
         "Asinh": lambda x, a: u("asinh", x), "Acosh": lambda x, a: u("acosh", x), "Atanh": lambda x, a: u("atanh", x),
         "Erf": lambda x, a: u("erf", x),
         "Sign": lambda x, a: _keep_nan(x, u("sign", x)),
-        "Softplus": lambda x, a: _softplus(x),
-        "Softsign": lambda x, a: x / (1.0 + u("abs", x)),
+        "Softplus": lambda x, a: softplus(x),
+        "Softsign": lambda x, a: softsign(x),
         "Not": lambda x, a: u("not", x),
         "BitwiseNot": lambda x, a: u("bnot", x),
-        "Elu": lambda x, a: select(x < 0.0, a.get("alpha", 1.0) * (u("exp", x) - 1.0), x),
+        "Elu": lambda x, a: elu(x, **_given(a, "alpha")),
         "Selu": lambda x, a: a.get("gamma", 1.0507009873554805) * select(
             x <= 0.0, a.get("alpha", 1.6732632423543772) * (u("exp", x) - 1.0), x),
-        "LeakyRelu": lambda x, a: select(x < 0.0, a.get("alpha", 0.01) * x, x),
-        "HardSigmoid": lambda x, a: _keep_nan(x, kir.maximum(f32(0.0), kir.minimum(
-            f32(1.0), a.get("alpha", 0.2) * x + a.get("beta", 0.5)))),
+        "LeakyRelu": lambda x, a: leaky_relu(x, **_given(a, "alpha")),
+        "HardSigmoid": lambda x, a: hard_sigmoid(x, **_given(a, "alpha", "beta")),
         "HardSwish": lambda x, a: _keep_nan(x, x * kir.maximum(f32(0.0), kir.minimum(f32(1.0), x * (1.0 / 6.0) + 0.5))),
-        "ThresholdedRelu": lambda x, a: select(x > a.get("alpha", 1.0), x, f32(0.0)),
+        "ThresholdedRelu": lambda x, a: thresholded_relu(x, **_given(a, "alpha")),
         "Celu": lambda x, a: _keep_nan(x, kir.maximum(f32(0.0), x) + kir.minimum(
             f32(0.0), a.get("alpha", 1.0) * (u("exp", x / a.get("alpha", 1.0)) - 1.0))),
         "Shrink": lambda x, a: select(x < -a.get("lambd", 0.5), x + a.get("bias", 0.0),
                                       select(x > a.get("lambd", 0.5), x - a.get("bias", 0.0), f32(0.0))),
         "Gelu": lambda x, a: _gelu(x, a.get("approximate", "none")),
-        "Mish": lambda x, a: x * u("tanh", _softplus(x)),
+        "Mish": lambda x, a: x * tanh(softplus(x)),
         "Identity": lambda x, a: x,
     }
 

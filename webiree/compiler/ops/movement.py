@@ -1,9 +1,12 @@
 """More index maps (Generic ops): Trilu, EyeLike, OneHot, DepthToSpace,
-SpaceToDepth, ReverseSequence, TensorScatter, GridSample.
+SpaceToDepth, ReverseSequence, TensorScatter, GridSample; and the scatters
+ScatterElements (and the old Scatter) and ScatterND.
 
 Like shape.py's ops, each output element reads its inputs at computed
 coordinates; indices read from tensors are clamped so a bad index can never
-read outside a buffer.
+read outside a buffer. A scatter's output element folds over every update in
+order (the Loop kind), so duplicate indices and the add/mul/max/min
+reductions give exactly the sequential result.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import f32, select
+from ...ir.program import coords_of, flat_of, numel
 from ..graph import internal_dtype
 from .registry import Unsupported, register
 from .common import norm_axis
+from .loops import emit_loop
 
 
 @register("Trilu")
@@ -146,6 +151,67 @@ def tensor_scatter(ctx, node):
         src[axis] = kir.clamp(rel, 0, seq - 1)
         return select(hit, ctx.read(upd, src), ctx.read(cache, cs))
     ctx.generic(node.outputs[0], cs_, ctx.dtype(cache), rule)
+
+
+# --- scatters (the Loop kind) -----------------------------------------------------
+
+def _norm_index(i, n):
+    """An index that may be negative, made non-negative."""
+    return select(i < 0, i + n, i)
+
+
+def _combine(reduction: str, acc, v):
+    if reduction == "none":
+        return v
+    if reduction == "add":
+        return acc + v
+    if reduction == "mul":
+        return acc * v
+    if reduction == "max":
+        return kir.maximum(acc, v) if acc.dtype != "f32" else select(v > acc, v, acc)
+    if reduction == "min":
+        return kir.minimum(acc, v) if acc.dtype != "f32" else select(v < acc, v, acc)
+    raise Unsupported(f"reduction {reduction!r}")
+
+
+@register("ScatterElements", "Scatter")
+def scatter_elements(ctx, node):
+    data, idx, upd = node.inputs[:3]
+    ds, js = ctx.shape(data), ctx.shape(idx)
+    if len(ds) != len(js) or tuple(ctx.shape(upd)) != tuple(js):
+        raise ShapeError(f"{node.op} data {ds}, indices {js} and updates {ctx.shape(upd)} do not match")
+    axis = norm_axis(node.attr("axis", 0), len(ds))
+    reduction = node.attr("reduction", "none")
+    dt = ctx.dtype(data)
+    n = ds[axis]
+
+    def step(cs, k, accs):
+        kc = coords_of(k, js)
+        target = list(kc)
+        target[axis] = _norm_index(ctx.read_flat(idx, k), n)
+        hit = kir.binary("eq", flat_of(target, ds), flat_of(cs, ds))
+        return [select(hit, _combine(reduction, accs[0], ctx.read_flat(upd, k)), accs[0])]
+    emit_loop(ctx, node.outputs[0], ds, dt, numel(js), [dt], lambda cs: [ctx.read(data, cs)], step)
+
+
+@register("ScatterND")
+def scatter_nd(ctx, node):
+    data, idx, upd = node.inputs[:3]
+    ds, js, us = ctx.shape(data), ctx.shape(idx), ctx.shape(upd)
+    q = js[-1]
+    if tuple(us) != tuple(js[:-1]) + tuple(ds[q:]):
+        raise ShapeError(f"ScatterND updates {us} do not match indices {js} and data {ds}")
+    reduction = node.attr("reduction", "none")
+    dt = ctx.dtype(data)
+    slice_n = numel(ds[q:])
+
+    def step(cs, k, accs):
+        pos, rest = (k // slice_n, k % slice_n) if slice_n > 1 else (k, kir.i32(0))
+        target = [_norm_index(ctx.read_flat(idx, pos * q + j), ds[j]) for j in range(q)]
+        target += coords_of(rest, ds[q:]) if slice_n > 1 else [kir.i32(0)] * (len(ds) - q)
+        hit = kir.binary("eq", flat_of(target, ds), flat_of(cs, ds))
+        return [select(hit, _combine(reduction, accs[0], ctx.read_flat(upd, k)), accs[0])]
+    emit_loop(ctx, node.outputs[0], ds, dt, numel(us), [dt], lambda cs: [ctx.read(data, cs)], step)
 
 
 # --- GridSample ----------------------------------------------------------------------

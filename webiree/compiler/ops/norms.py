@@ -1,11 +1,15 @@
-"""Normalizations built from the canonical kinds: InstanceNormalization (the
-LayerNorm kind per (n, c) row), LpNormalization (a Reduce and a divide), LRN
-(a Generic summing its channel window), BatchNormalization in training mode
-(Reduce means and variances, then Generic math).
+"""The normalizations: BatchNormalization (inference and training mode),
+InstanceNormalization, LayerNormalization, LpNormalization, LRN.
 
-LayerNormalization, RMSNormalization, GroupNormalization and
-MeanVarianceNormalization variants without a handler lower through their ONNX
-function bodies (see expand.py).
+LayerNormalization lowers to the LayerNorm anchor, InstanceNormalization to
+the same kind per (n, c) row; inference BatchNormalization is a per-channel
+scale and shift (folded at compile time when its statistics are constants);
+training BatchNormalization and LpNormalization reduce, then divide; LRN is a
+Generic summing its channel window.
+
+RMSNormalization, GroupNormalization, MeanVarianceNormalization and the
+LayerNormalization variants without a handler (its Mean/InvStdDev outputs)
+lower through their ONNX function bodies (see expand.py).
 """
 
 from __future__ import annotations
@@ -17,7 +21,59 @@ from ...ir import kir
 from ...ir.program import LayerNorm, numel
 from .registry import Unsupported, register
 from .common import norm_axis
-from .reduce import emit_reduce
+from .reduce import emit_reduce, split3
+
+
+@register("BatchNormalization")
+def batchnorm(ctx, node):
+    x, scale, bias, mean, var = node.inputs[:5]
+    if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
+        if ctx.opset < 14:
+            raise Unsupported("BatchNormalization's training outputs before opset 14")
+        _batchnorm_training(ctx, node)
+        return
+    eps = float(node.attr("epsilon", 1e-5))
+    xs = ctx.shape(x)
+    consts = [ctx.const(n) for n in (scale, bias, mean, var)]
+    if all(c is not None for c in consts):
+        s, b, m, v = (np.asarray(c, dtype=np.float64) for c in consts)
+        a = s / np.sqrt(v + eps)
+        name_a, name_b = ctx.temp("bn_scale"), ctx.temp("bn_shift")
+        ctx.set_const(name_a, a.astype(np.float32))
+        ctx.set_const(name_b, (b - m * a).astype(np.float32))
+        ctx.generic(node.outputs[0], xs, "f32",
+                    lambda cs: ctx.read(x, cs) * ctx.read(name_a, [cs[1]]) + ctx.read(name_b, [cs[1]]))
+        return
+
+    def rule(cs):
+        c = [cs[1]]
+        inv = kir.unary("rsqrt", ctx.read(var, c) + eps)
+        return (ctx.read(x, cs) - ctx.read(mean, c)) * inv * ctx.read(scale, c) + ctx.read(bias, c)
+    ctx.generic(node.outputs[0], xs, "f32", rule)
+
+
+def _batchnorm_training(ctx, node):
+    """Y with the batch's own statistics; running mean and variance updated with `momentum`."""
+    x, scale, bias, mean, var = node.inputs[:5]
+    s = ctx.shape(x)
+    eps = float(node.attr("epsilon", 1e-5))
+    momentum = float(node.attr("momentum", 0.9))
+    axes = [0] + list(range(2, len(s)))
+    bmean = emit_reduce(ctx, x, axes, "mean")
+    at_c = lambda cs: [kir.i32(0), cs[1]] + [kir.i32(0)] * (len(s) - 2)  # noqa: E731
+    sq = ctx.temp("sq")
+    ctx.generic(sq, s, "f32", lambda cs: (lambda d: d * d)(ctx.read(x, cs) - ctx.read(bmean, at_c(cs))))
+    bvar = emit_reduce(ctx, sq, axes, "mean")
+    ctx.generic(node.outputs[0], s, "f32",
+                lambda cs: (ctx.read(x, cs) - ctx.read(bmean, at_c(cs)))
+                * kir.unary("rsqrt", ctx.read(bvar, at_c(cs)) + eps) * ctx.read(scale, [cs[1]])
+                + ctx.read(bias, [cs[1]]))
+    outs = (list(node.outputs) + ["", ""])[1:3]
+    for out, running, batch in zip(outs, (mean, var), (bmean, bvar)):
+        if out:
+            ctx.generic(out, [s[1]], "f32",
+                        lambda cs, r=running, b=batch: ctx.read(r, cs) * momentum
+                        + ctx.read(b, [kir.i32(0), cs[0]] + [kir.i32(0)] * (len(s) - 2)) * (1.0 - momentum))
 
 
 @register("InstanceNormalization")
@@ -37,6 +93,32 @@ def instance_norm(ctx, node):
     ctx.anchor(op, s)
     ctx.generic(node.outputs[0], s, "f32",
                 lambda cs: ctx.read(normed, cs) * ctx.read(scale, [cs[1]]) + ctx.read(bias, [cs[1]]))
+
+
+@register("LayerNormalization")
+def layernorm(ctx, node):
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.input(2)
+    s = ctx.shape(x)
+    axis = norm_axis(node.attr("axis", -1), len(s))
+    if len([o for o in node.outputs if o]) > 1:
+        raise Unsupported("LayerNormalization Mean/InvStdDev outputs")
+    if ctx.dtype(x) != "f32":
+        raise Unsupported("LayerNormalization on non-float tensors")
+    outer, r, _ = split3(s, axis, len(s))
+    if int(np.prod(ctx.shape(scale))) != r or (bias and int(np.prod(ctx.shape(bias))) != r):
+        scale_b = ctx.temp("scale")
+        rs = s[axis:]
+        ctx.generic(scale_b, rs, "f32", lambda cs: ctx.read_bcast(scale, rs, cs))
+        scale = scale_b
+        if bias:
+            bias_b = ctx.temp("bias")
+            ctx.generic(bias_b, rs, "f32", lambda cs: ctx.read_bcast(bias, rs, cs))
+            bias = bias_b
+    op = LayerNorm(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
+                   scale=ctx.buffer(scale), bias=ctx.buffer(bias) if bias else "", outer=outer, r=r,
+                   eps=float(node.attr("epsilon", 1e-5)))
+    ctx.anchor(op, s)
 
 
 @register("LpNormalization")
@@ -76,27 +158,3 @@ def lrn(ctx, node):
         base = bias + (alpha / size) * total
         return ctx.read(x, cs) / kir.binary("pow", base, kir.f32(beta))
     ctx.generic(node.outputs[0], s, "f32", rule)
-
-
-def batchnorm_training(ctx, node):
-    """Y with the batch's own statistics; running mean and variance updated with `momentum`."""
-    x, scale, bias, mean, var = node.inputs[:5]
-    s = ctx.shape(x)
-    eps = float(node.attr("epsilon", 1e-5))
-    momentum = float(node.attr("momentum", 0.9))
-    axes = [0] + list(range(2, len(s)))
-    bmean = emit_reduce(ctx, x, axes, "mean")
-    at_c = lambda cs: [kir.i32(0), cs[1]] + [kir.i32(0)] * (len(s) - 2)  # noqa: E731
-    sq = ctx.temp("sq")
-    ctx.generic(sq, s, "f32", lambda cs: (lambda d: d * d)(ctx.read(x, cs) - ctx.read(bmean, at_c(cs))))
-    bvar = emit_reduce(ctx, sq, axes, "mean")
-    ctx.generic(node.outputs[0], s, "f32",
-                lambda cs: (ctx.read(x, cs) - ctx.read(bmean, at_c(cs)))
-                * kir.unary("rsqrt", ctx.read(bvar, at_c(cs)) + eps) * ctx.read(scale, [cs[1]])
-                + ctx.read(bias, [cs[1]]))
-    outs = (list(node.outputs) + ["", ""])[1:3]
-    for out, running, batch in zip(outs, (mean, var), (bmean, bvar)):
-        if out:
-            ctx.generic(out, [s[1]], "f32",
-                        lambda cs, r=running, b=batch: ctx.read(r, cs) * momentum
-                        + ctx.read(b, [kir.i32(0), cs[0]] + [kir.i32(0)] * (len(s) - 2)) * (1.0 - momentum))

@@ -4,7 +4,9 @@ Per direction, X @ W^T for every time step is one MatMul; each step then is
 one MatMul H_{t-1} @ R^T (two for GRU's default linear_before_reset=0) and
 Generic ops computing the gates and the new hidden (and cell) state, which
 fusion merges. sequence_lens (forward direction) masks finished sequences:
-their state is held and their outputs are zero.
+their state is held and their outputs are zero. The gate activations are
+elementwise.py's, so a recurrent Softplus or HardSigmoid is the Softplus or
+HardSigmoid op's.
 """
 
 from __future__ import annotations
@@ -16,31 +18,38 @@ from ...ir import kir
 from ...ir.kir import f32, select
 from ...ir.program import MatMul
 from .registry import Unsupported, register
+from .elementwise import (affine, elu, hard_sigmoid, leaky_relu, relu, scaled_tanh, sigmoid, softplus, softsign,
+                          tanh, thresholded_relu)
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 
 
-def _activation(name: str, alpha, beta):
-    u = kir.unary
-    name = name.lower()
-    table = {
-        "tanh": lambda x: u("tanh", x),
-        "sigmoid": lambda x: 1.0 / (1.0 + u("exp", -x)),
-        "relu": lambda x: select(x < 0.0, f32(0.0), x),
-        "affine": lambda x: (1.0 if alpha is None else alpha) * x + (0.0 if beta is None else beta),
-        "leakyrelu": lambda x: select(x < 0.0, (0.01 if alpha is None else alpha) * x, x),
-        "thresholdedrelu": lambda x: select(x > (1.0 if alpha is None else alpha), x, f32(0.0)),
-        "scaledtanh": lambda x: (1.0 if alpha is None else alpha) * u("tanh", (1.0 if beta is None else beta) * x),
-        "hardsigmoid": lambda x: kir.clamp((0.2 if alpha is None else alpha) * x + (0.5 if beta is None else beta),
-                                           0.0, 1.0),
-        "elu": lambda x: select(x < 0.0, (1.0 if alpha is None else alpha) * (u("exp", x) - 1.0), x),
-        "softsign": lambda x: x / (1.0 + u("abs", x)),
-        "softplus": lambda x: u("log", 1.0 + u("exp", x)),
-    }
-    if name not in table:
-        raise Unsupported(f"activation {name!r}")
-    return table[name]
+# the activations a recurrent op may name (case-insensitive), as elementwise.py defines them,
+# and the parameters each takes from activation_alpha / activation_beta (in that order)
+ACTIVATIONS = {
+    "relu": (relu, ()), "tanh": (tanh, ()), "sigmoid": (sigmoid, ()), "softsign": (softsign, ()),
+    "softplus": (softplus, ()), "affine": (affine, ("alpha", "beta")), "leakyrelu": (leaky_relu, ("alpha",)),
+    "thresholdedrelu": (thresholded_relu, ("alpha",)), "scaledtanh": (scaled_tanh, ("alpha", "beta")),
+    "hardsigmoid": (hard_sigmoid, ("alpha", "beta")), "elu": (elu, ("alpha",)),
+}
+
+
+def _activations(names, alphas, betas):
+    """One function of an expression per named activation. activation_alpha and activation_beta
+    list the parameters of the activations that take one, in order; one not listed is defaulted."""
+    fns, ai, bi = [], 0, 0
+    for name in names:
+        if name.lower() not in ACTIVATIONS:
+            raise Unsupported(f"activation {name.lower()!r}")
+        fn, params = ACTIVATIONS[name.lower()]
+        given = {}
+        if "alpha" in params and ai < len(alphas):
+            given["alpha"], ai = alphas[ai], ai + 1
+        if "beta" in params and bi < len(betas):
+            given["beta"], bi = betas[bi], bi + 1
+        fns.append(lambda x, fn=fn, given=given: fn(x, **given))
+    return fns
 
 
 def _slice_rows(ctx, w, d, lo, hi):
@@ -88,16 +97,7 @@ def recurrent(ctx, node):
     lbr = bool(node.attr("linear_before_reset", 0))
     n_act = len(DEFAULT_ACTS[kind])
     acts = node.attr("activations") or DEFAULT_ACTS[kind] * nd
-    alphas, betas = list(node.attr("activation_alpha") or []), list(node.attr("activation_beta") or [])
-    fns, ai, bi = [], 0, 0
-    for name in acts:
-        takes = name.lower() in ("affine", "leakyrelu", "thresholdedrelu", "scaledtanh", "hardsigmoid", "elu")
-        both = name.lower() in ("affine", "scaledtanh", "hardsigmoid")
-        a = alphas[ai] if takes and ai < len(alphas) else None
-        b = betas[bi] if both and bi < len(betas) else None
-        ai += takes and ai < len(alphas)
-        bi += both and bi < len(betas)
-        fns.append(_activation(name, a, b))
+    fns = _activations(acts, list(node.attr("activation_alpha") or []), list(node.attr("activation_beta") or []))
 
     # X as [seq * batch, input], time-major
     if layout:

@@ -266,9 +266,6 @@ def pad(ctx, node):
         return
     out_shape = [d + pads[i] + pads[rank + i] for i, d in enumerate(s)]
     dt = ctx.dtype(x)
-    if mode == "constant" and not isinstance(value, str) and value == 0 and rank >= 3 and not any(pads[:2] + pads[rank:rank + 2]):
-        # a Conv reading this pad can take it as its own padding (see Lowering.pad_source)
-        ctx.pad_info[node.outputs[0]] = (x, list(pads[2:rank]) + list(pads[rank + 2:]))
 
     def rule(cs):
         src, inside = [], kir.const(True, "bool")
@@ -298,7 +295,12 @@ def pad(ctx, node):
         if mode == "constant":
             v = select(inside, v, ctx.read_flat(value, kir.i32(0)) if isinstance(value, str) else kir.const(value, dt))
         return v
-    ctx.generic(node.outputs[0], out_shape, dt, rule)
+    op = ctx.generic(node.outputs[0], out_shape, dt, rule)
+    if mode == "constant" and not isinstance(value, str) and value == 0 and rank >= 3 \
+            and not any(pads[:2] + pads[rank:rank + 2]):
+        # zeros around the spatial dims only: a Conv reading it can take them as its own pads
+        # (passes.fold_pad_into_conv)
+        op.zero_pad = (x, tuple(pads[2:rank]) + tuple(pads[rank + 2:]))
 
 
 @register("Split")
