@@ -45,6 +45,20 @@ def const_ints(ctx, node, index: int, attr: str | None = None, default=None):
     return default
 
 
+def require_float(ctx, node, x: str) -> None:
+    """The op's kernels compute in f32: a tensor of another type is refused, naming the op."""
+    if ctx.dtype(x) != "f32":
+        raise Unsupported(f"{node.op} on non-float tensors")
+
+
+def required_ints(ctx, node, index: int, message: str) -> list[int]:
+    """const_ints of an input the op cannot do without; `message` says what is missing."""
+    v = const_ints(ctx, node, index)
+    if v is None:
+        raise Unsupported(message)
+    return v
+
+
 def const_scalar(ctx, node, index: int, attr: str | None = None, default=None):
     name = node.input(index)
     if name:

@@ -13,7 +13,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.program import MatMul, numel
 from .registry import Unsupported, register
-from .common import broadcast_shapes
+from .common import broadcast_shapes, require_float
 from .loops import emit_loop, unflatten
 
 
@@ -84,8 +84,7 @@ def det(ctx, node):
         raise ShapeError(f"Det needs square matrices, got {tuple(s)}")
     if n > 4:
         raise Unsupported(f"Det of {n}x{n} matrices (only up to 4x4)")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("Det on non-float tensors")
+    require_float(ctx, node, x)
 
     def rule(cs):
         total = None

@@ -145,20 +145,18 @@ def loop_step(ctx, node):
                a["scans"], a["cond"])
 
 
+def _known_scalar(ctx, name: str, what: str):
+    """The value of a scalar the unrolling depends on; it must be known when compiling."""
+    v = ctx.const(name)
+    if v is None:
+        raise Unsupported(f"{what} must be known at compile time")
+    return np.asarray(v).reshape(-1)[0].item()
+
+
 def _loop_step(ctx, loop_node, body, k, state, scans, cond):
     m = loop_node.input(0)
-    trip = None
-    if m:
-        mv = ctx.const(m)
-        if mv is None:
-            raise Unsupported("the trip count must be a compile-time constant")
-        trip = int(np.asarray(mv).reshape(-1)[0])
-    go = True
-    if cond:
-        cv = ctx.const(cond)
-        if cv is None:
-            raise Unsupported("the loop condition must be known at compile time")
-        go = bool(np.asarray(cv).reshape(-1)[0])
+    trip = int(_known_scalar(ctx, m, "the trip count")) if m else None
+    go = bool(_known_scalar(ctx, cond, "the loop condition")) if cond else True
     if trip is not None and k >= trip:
         go = False
     if go and k >= MAX_UNROLL:

@@ -17,7 +17,7 @@ from ...ir import kir
 from ...ir.kir import f32, select
 from ...ir.program import Conv, MatMul, flat_of, numel
 from .registry import Unsupported, register
-from .common import check_positive, const_ints, window_out, window_pads
+from .common import check_positive, const_ints, require_float, window_out, window_pads
 from .loops import emit_loop, unflatten
 
 
@@ -27,8 +27,7 @@ def conv(ctx, node):
     xs, ws = ctx.shape(x), ctx.shape(w)
     if len(xs) < 3 or len(ws) != len(xs):
         raise ShapeError(f"Conv input {xs} and weight {ws} ranks do not match")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("Conv on non-float tensors")
+    require_float(ctx, node, x)
     nd = len(xs) - 2
     kernel = list(node.attr("kernel_shape", ws[2:]))
     strides = list(node.attr("strides", [1] * nd))
@@ -73,8 +72,7 @@ def conv_transpose(ctx, node):
     x, w = node.inputs[0], node.inputs[1]
     b = node.input(2)
     xs, ws = ctx.shape(x), ctx.shape(w)
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("ConvTranspose on non-float tensors")
+    require_float(ctx, node, x)
     nd = len(xs) - 2
     group = int(node.attr("group", 1))
     kernel = list(node.attr("kernel_shape", ws[2:]))

@@ -19,7 +19,7 @@ from ...ir.kir import f32, select
 from ...ir.program import coords_of, flat_of, numel
 from ..graph import internal_dtype
 from .registry import Unsupported, register
-from .common import norm_axis
+from .common import norm_axis, require_float
 from .loops import emit_loop
 
 
@@ -239,8 +239,7 @@ def grid_sample(ctx, node):
     nd = len(xs) - 2
     if gs[-1] != nd or len(gs) != nd + 2:
         raise ShapeError(f"GridSample grid {gs} does not match input {xs}")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("GridSample on non-float tensors")
+    require_float(ctx, node, x)
     mode = node.attr("mode", "linear" if ctx.opset >= 20 else "bilinear")
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
     pad = node.attr("padding_mode", "zeros")

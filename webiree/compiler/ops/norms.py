@@ -20,7 +20,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.program import LayerNorm, numel
 from .registry import Unsupported, register
-from .common import norm_axis
+from .common import norm_axis, require_float
 from .reduce import emit_reduce, split3
 
 
@@ -82,8 +82,7 @@ def instance_norm(ctx, node):
     s = ctx.shape(x)
     if len(s) < 3:
         raise ShapeError(f"InstanceNormalization needs an N,C,spatial input, got {s}")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("InstanceNormalization on non-float tensors")
+    require_float(ctx, node, x)
     r = numel(s[2:])
     ones = ctx.temp("ones")
     ctx.set_const(ones, np.ones([r], np.float32))
@@ -103,8 +102,7 @@ def layernorm(ctx, node):
     axis = norm_axis(node.attr("axis", -1), len(s))
     if len([o for o in node.outputs if o]) > 1:
         raise Unsupported("LayerNormalization Mean/InvStdDev outputs")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("LayerNormalization on non-float tensors")
+    require_float(ctx, node, x)
     outer, r, _ = split3(s, axis, len(s))
     if int(np.prod(ctx.shape(scale))) != r or (bias and int(np.prod(ctx.shape(bias))) != r):
         scale_b = ctx.temp("scale")
@@ -129,8 +127,7 @@ def lp_norm(ctx, node):
     p = int(node.attr("p", 2))
     if p not in (1, 2):
         raise ShapeError(f"LpNormalization p must be 1 or 2, got {p}")
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("LpNormalization on non-float tensors")
+    require_float(ctx, node, x)
     norm = emit_reduce(ctx, x, [axis], "l1" if p == 1 else "l2")
     def rule(cs):
         nv = ctx.read(norm, cs[:axis] + [kir.i32(0)] + cs[axis + 1:])

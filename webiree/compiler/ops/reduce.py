@@ -17,7 +17,7 @@ from ...ir import kir
 from ...ir.kir import f32, select
 from ...ir.program import Reduce, Softmax, numel
 from .registry import Unsupported, register
-from .common import const_ints, norm_axis
+from .common import const_ints, norm_axis, require_float, required_ints
 from .loops import emit_loop
 
 
@@ -132,9 +132,7 @@ def _reinsert(cs, axes, rank):
 def cumulative(ctx, node):
     x = node.inputs[0]
     s = ctx.shape(x)
-    axis = const_ints(ctx, node, 1)
-    if axis is None:
-        raise Unsupported("the axis must be a compile-time constant")
+    axis = required_ints(ctx, node, 1, "the axis must be a compile-time constant")
     axis = norm_axis(axis[0], len(s))
     dt = ctx.dtype(x)
     if dt == "bool":
@@ -173,9 +171,7 @@ def topk(ctx, node):
     if ctx.opset < 10:
         k = node.attr("k")
     else:
-        k = const_ints(ctx, node, 1)
-        if k is None:
-            raise Unsupported("k must be a compile-time constant")
+        k = required_ints(ctx, node, 1, "k must be a compile-time constant")
         k = k[0]
     n = s[axis]
     if not 0 <= k <= n:
@@ -211,8 +207,7 @@ def topk(ctx, node):
 def hardmax(ctx, node):
     x = node.inputs[0]
     s = list(ctx.shape(x))
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("Hardmax on non-float tensors")
+    require_float(ctx, node, x)
     if ctx.opset < 13:   # the input is coerced to 2-D at `axis`
         axis = norm_axis(node.attr("axis", 1), len(s))
         view = [numel(s[:axis]), numel(s[axis:])]

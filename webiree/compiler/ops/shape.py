@@ -14,15 +14,13 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import select
 from .registry import Unsupported, register
-from .common import broadcast_shapes, const_ints, norm_axis
+from .common import broadcast_shapes, const_ints, norm_axis, required_ints
 
 
 @register("Reshape")
 def reshape(ctx, node):
     x = node.inputs[0]
-    shape = const_ints(ctx, node, 1)
-    if shape is None:
-        raise Unsupported("the target shape must be a compile-time constant")
+    shape = required_ints(ctx, node, 1, "the target shape must be a compile-time constant")
     src = ctx.shape(x)
     allowzero = node.attr("allowzero", 0)
     out = []
@@ -207,9 +205,7 @@ def gather(ctx, node):
 @register("Expand")
 def expand(ctx, node):
     x = node.inputs[0]
-    shape = const_ints(ctx, node, 1)
-    if shape is None:
-        raise Unsupported("Expand shape must be a compile-time constant")
+    shape = required_ints(ctx, node, 1, "Expand shape must be a compile-time constant")
     out_shape = broadcast_shapes(ctx.shape(x), tuple(shape))
     if tuple(out_shape) == tuple(ctx.shape(x)):
         ctx.view(node.outputs[0], x, out_shape)
@@ -221,9 +217,7 @@ def expand(ctx, node):
 def tile(ctx, node):
     x = node.inputs[0]
     s = ctx.shape(x)
-    reps = const_ints(ctx, node, 1)
-    if reps is None:
-        raise Unsupported("Tile repeats must be a compile-time constant")
+    reps = required_ints(ctx, node, 1, "Tile repeats must be a compile-time constant")
     out_shape = [d * r for d, r in zip(s, reps)]
     ctx.generic(node.outputs[0], out_shape, ctx.dtype(x), lambda cs: ctx.read(x, [c % d for c, d in zip(cs, s)]))
 
@@ -233,9 +227,7 @@ def pad_params(ctx, node, rank):
         pads = list(node.attr("pads"))
         value = node.attr("value", 0.0)
     else:
-        pads = const_ints(ctx, node, 1)
-        if pads is None:
-            raise Unsupported("Pad pads must be a compile-time constant")
+        pads = required_ints(ctx, node, 1, "Pad pads must be a compile-time constant")
         value = None
         if node.input(2):
             c = ctx.const(node.input(2))

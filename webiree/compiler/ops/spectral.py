@@ -13,7 +13,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import f32, select
 from .registry import Unsupported, register
-from .common import const_ints, const_scalar
+from .common import const_ints, const_scalar, require_float
 from .loops import emit_loop
 
 
@@ -21,8 +21,7 @@ from .loops import emit_loop
 def dft(ctx, node):
     x = node.inputs[0]
     s = list(ctx.shape(x))
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("DFT on non-float tensors")
+    require_float(ctx, node, x)
     if ctx.opset < 20:
         axis = node.attr("axis", 1)
     else:
@@ -97,8 +96,7 @@ def stft(ctx, node):
     if step_c is None or (node.input(3) and length_c is None):
         raise Unsupported("frame_step and frame_length must be compile-time constants")
     xs = ctx.shape(x)
-    if ctx.dtype(x) != "f32":
-        raise Unsupported("STFT on non-float tensors")
+    require_float(ctx, node, x)
     frame_len = int(length_c) if length_c is not None else ctx.shape(window)[0]
     hop = int(step_c)
     onesided = bool(node.attr("onesided", 1))
