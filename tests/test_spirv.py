@@ -5,8 +5,8 @@
 - `targets="spirv"` builds run through wgpu-py (naga's SPIR-V front end, lavapipe) and match
   onnxruntime and the WGSL path (1e-4 relative to the output's scale);
 - a hand-written kernel of edge cases (integer division by zero, i32 MIN / -1, shifts, saturating
-  casts, NaN/inf tests, erf, tanh, vec4, shared memory, barriers, loops) gives the same bits from
-  its SPIR-V as from its WGSL.
+  casts, NaN/inf tests, erf, tanh, vec4, shared memory, barriers, loops, branches) gives the same
+  bits from its SPIR-V as from its WGSL.
 
 The whole op suite runs over SPIR-V with `WEBIREE_TARGETS=spirv pytest tests/test_ops.py`.
 """
@@ -199,8 +199,7 @@ def test_unknown_target_is_a_clear_error():
 
 def _edge_kernel():
     """Every scalar rule that differs between WGSL and a naive SPIR-V translation."""
-    from webiree.ir.kir import (Assign, Barrier, Decl, For, If, Let, LocalArray, SStore, Store, f32, i32,
-                                          lvar)
+    from webiree.ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar
     o = lvar("o", "i32")
     a = kir.load("b0", o, "i32")
     b = kir.load("b1", o, "i32")
@@ -223,12 +222,13 @@ def _edge_kernel():
     ]
     n_out = len(outs) + 3
     body = [Let("o", kir.cast(kir.LINDEX, "i32")),
-            LocalArray("arr", "i32", 4),
+            Decl("at2", "i32", i32(0)),
             Decl("acc", "i32", i32(0)),
             SStore("sh", o, a),
             Barrier(),
             For("k", i32(0), kir.cast(kir.NWG[0], "i32") + 3, [
-                Assign("arr", lvar("acc", "i32"), kir.binary("band", lvar("k", "i32"), i32(3))),
+                If(kir.binary("eq", kir.binary("band", lvar("k", "i32"), i32(3)), i32(2)),
+                   [Assign("at2", lvar("acc", "i32"))]),
                 Assign("acc", lvar("acc", "i32") + kir.sload("sh", (o + lvar("k", "i32")) % 64, "i32")),
                 If(lvar("acc", "i32") > 1000, [Assign("acc", lvar("acc", "i32") - 999)]),
             ]),
@@ -236,9 +236,9 @@ def _edge_kernel():
     for j, v in enumerate(outs):
         body.append(Store("b3", o * n_out + j, v))
     body.append(Store("b3", o * n_out + len(outs), lvar("acc", "i32")))
-    body.append(Store("b3", o * n_out + len(outs) + 1, kir.aload("arr", i32(2), "i32")))
-    body.append(If(o >= 60, [kir.Return()], [Store("b3", o * n_out + len(outs) + 2, i32(7))]))
-    body.append(Store("b3", o * n_out + len(outs) + 2, i32(9)))
+    body.append(Store("b3", o * n_out + len(outs) + 1, lvar("at2", "i32")))
+    body.append(If(o >= 60, [Store("b3", o * n_out + len(outs) + 2, i32(-1))],
+                   [Store("b3", o * n_out + len(outs) + 2, i32(7)), Store("b3", o * n_out + len(outs) + 2, i32(9))]))
     return kir.Kernel("edge", [kir.Binding(0, "b0", "i32"), kir.Binding(1, "b1", "i32"), kir.Binding(2, "b2", "f32"),
                                kir.Binding(3, "b3", "i32", writes=True)], (64, 1, 1), body,
                       [kir.SharedArray("sh", "i32", 64)]), n_out
@@ -279,6 +279,6 @@ def test_edge_cases_same_bits_as_wgsl(tmp_path):
     want = _dispatch(wgsl.render(k), [a, b, x], 64 * n_out).reshape(64, n_out)
     got = _dispatch(code, [a, b, x], 64 * n_out).reshape(64, n_out)
     np.testing.assert_array_equal(got, want)
-    assert (want[:60, -1] == 9).all() and (want[60:, -1] == 0).all()   # early return
+    assert (want[:60, -1] == 9).all() and (want[60:, -1] == -1).all()   # if / else
     assert want[0, 0] == 3 and want[1, 0] == -3 and want[5, 0] == -(1 << 31) and want[4, 0] == -(1 << 31)
     assert want[6, 0] == 5 and want[6, 1] == 0     # x / 0 = x, x % 0 = 0

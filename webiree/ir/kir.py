@@ -401,18 +401,9 @@ class Decl:
 
 
 @dataclass
-class LocalArray:
-    """A private (per-invocation) array `var name: array<dtype, size>`."""
-    name: str
-    dtype: str
-    size: int
-
-
-@dataclass
 class Assign:
     name: str
     value: Expr
-    index: Expr | None = None  # set to assign one element of a LocalArray
 
 
 @dataclass
@@ -452,19 +443,9 @@ class Barrier:
     """workgroupBarrier(): every invocation of the workgroup must reach it."""
 
 
-@dataclass
-class Return:
-    """Leave the kernel (only before any Barrier, or in uniform control flow)."""
-
-
 def lvar(name: str, dtype: str) -> Expr:
     """Read a local variable or Let binding."""
     return var(name, dtype)
-
-
-def aload(name: str, index, dtype: str) -> Expr:
-    """Read an element of a LocalArray."""
-    return _make("aload", dtype, (as_expr(index, "i32"),), name)
 
 
 # builtins (rendered as WGSL builtins / SPIR-V built-in variables)
@@ -523,7 +504,7 @@ def stmt_exprs(s) -> list[Expr]:
     if isinstance(s, Decl):
         return [s.init] if s.init is not None else []
     if isinstance(s, Assign):
-        return [s.value] + ([s.index] if s.index is not None else [])
+        return [s.value]
     if isinstance(s, (Store, SStore)):
         return [s.index, s.value]
     if isinstance(s, For):
@@ -544,7 +525,7 @@ def subst_stmts(body: list, mapping: dict) -> list:
         elif isinstance(s, Decl):
             out.append(Decl(s.name, s.dtype, sub(s.init)))
         elif isinstance(s, Assign):
-            out.append(Assign(s.name, sub(s.value), sub(s.index)))
+            out.append(Assign(s.name, sub(s.value)))
         elif isinstance(s, Store):
             out.append(Store(s.buf, sub(s.index), sub(s.value)))
         elif isinstance(s, SStore):

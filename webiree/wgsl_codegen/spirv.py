@@ -7,7 +7,7 @@ semantics follow the WGSL renderer, which is the reference:
 - every binding is a StorageBuffer `Block struct { T data[]; }` (ArrayStride 4,
   or 16 for vec4f) at DescriptorSet 0 / Binding slot; bool is stored as u32
   (loads compare `!= 0`, stores select 1/0);
-- shared arrays are Workgroup variables, `Decl`/`LocalArray`/loop counters are
+- shared arrays are Workgroup variables, `Decl`s and loop counters are
   Function variables (zero-initialised at their declaration, as WGSL does);
 - builtins are Input variables (GlobalInvocationId, LocalInvocationId,
   WorkgroupId, NumWorkgroups, LocalInvocationIndex);
@@ -215,13 +215,12 @@ class _Emitter:
         self.vars: list[int] = []          # OpVariable (Function) of the entry block
         self.prelude: list[int] = []       # non-finite f32 values, computed first in the entry block
         self.nonfinite: dict = {}
-        self.terminated = False
-        # name scopes: name -> ('let', id, dtype) | ('var', ptr, dtype) | ('arr', ptr, dtype)
+        # name scopes: name -> ('let', id, dtype) | ('var', ptr, dtype)
         self.scopes: list[dict] = [{}]
         self.pure: list[dict] = [{}]       # layered cache of values valid in dominated blocks
         self.stmt_cache: dict = {}         # values valid within the current statement
         self._pure_memo: dict = {}
-        self.mutable = {s.name for s in kir.statements(kernel.body) if isinstance(s, (kir.Decl, kir.LocalArray))}
+        self.mutable = {s.name for s in kir.statements(kernel.body) if isinstance(s, kir.Decl)}
         self.mutable |= {s.var for s in kir.statements(kernel.body) if isinstance(s, kir.For)}
 
     # --- small helpers ------------------------------------------------------
@@ -249,15 +248,6 @@ class _Emitter:
             return got
         return self.m.const(value, dtype)
 
-    def label(self, i: int) -> None:
-        self.op(OpLabel, i)
-        self.terminated = False
-
-    def branch(self, target: int) -> None:
-        if not self.terminated:
-            self.op(OpBranch, target)
-        self.terminated = True
-
     def lookup(self, name: str):
         for s in reversed(self.scopes):
             if name in s:
@@ -275,7 +265,7 @@ class _Emitter:
     def is_pure(self, e: Expr) -> bool:
         got = self._pure_memo.get(e)
         if got is None:
-            if e.op in ("load", "sload", "aload"):
+            if e.op in ("load", "sload"):
                 got = False
             elif e.op == "var":
                 got = e.attr not in self.mutable
@@ -334,8 +324,7 @@ class _Emitter:
                 for j, comp in enumerate("xyz"):
                     self.scopes[0][f"{name}.{comp}"] = ("let", self.val(OpCompositeExtract, "u32", x, j), "u32")
         self.stmts(body)
-        if not self.terminated:
-            self.op(OpReturn)
+        self.op(OpReturn)
         fn_type = m.type(("fn",))
         void = m.type("void")
         function = []
@@ -356,8 +345,6 @@ class _Emitter:
     # --- statements -----------------------------------------------------------
     def stmts(self, body) -> None:
         for s in body:
-            if self.terminated:
-                return          # code after a return is dead
             self.stmt_cache = {}
             self.stmt(s)
 
@@ -380,17 +367,9 @@ class _Emitter:
             init = self.expr(s.init) if s.init is not None else self.m.null(s.dtype)
             self.op(OpStore, v, init)
             self.scopes[-1][s.name] = ("var", v, s.dtype)
-        elif isinstance(s, kir.LocalArray):
-            tkey = ("array", s.dtype, s.size)
-            v = self.new_var(tkey)
-            self.op(OpStore, v, self.m.null(tkey))
-            self.scopes[-1][s.name] = ("arr", v, s.dtype)
         elif isinstance(s, kir.Assign):
             kind, ptr, dtype = self.lookup(s.name)
-            value = self.expr(s.value)
-            if s.index is not None:
-                ptr = self.val(OpAccessChain, ("ptr", SC_FUNCTION, dtype), ptr, self.expr(s.index))
-            self.op(OpStore, ptr, value)
+            self.op(OpStore, ptr, self.expr(s.value))
         elif isinstance(s, kir.Store):
             v, dtype, st = self.buffers[s.buf]
             value = self.expr(s.value)
@@ -412,9 +391,6 @@ class _Emitter:
         elif isinstance(s, kir.Barrier):
             sc = self.c(SCOPE_WORKGROUP, "u32")
             self.op(OpControlBarrier, sc, sc, self.c(SEM_ACQREL_WGMEM, "u32"))
-        elif isinstance(s, kir.Return):
-            self.op(OpReturn)
-            self.terminated = True
         else:
             raise TypeError(f"unknown statement {s!r}")
 
@@ -424,26 +400,25 @@ class _Emitter:
         else_l = self.m.id() if s.orelse else merge_l
         self.op(OpSelectionMerge, merge_l, 0)
         self.op(OpBranchConditional, cond, then_l, else_l)
-        self.terminated = True
-        self.label(then_l)
+        self.op(OpLabel, then_l)
         self.push()
         self.stmts(s.then)
         self.pop()
-        self.branch(merge_l)
+        self.op(OpBranch, merge_l)
         if s.orelse:
-            self.label(else_l)
+            self.op(OpLabel, else_l)
             self.push()
             self.stmts(s.orelse)
             self.pop()
-            self.branch(merge_l)
-        self.label(merge_l)
+            self.op(OpBranch, merge_l)
+        self.op(OpLabel, merge_l)
 
     def emit_for(self, s: kir.For) -> None:
         counter = self.new_var("i32")
         self.op(OpStore, counter, self.expr(s.start))
         header, body_l, cont_l, merge_l = (self.m.id() for _ in range(4))
-        self.branch(header)
-        self.label(header)
+        self.op(OpBranch, header)
+        self.op(OpLabel, header)
         self.push()
         self.scopes[-1][s.var] = ("var", counter, "i32")
         self.stmt_cache = {}
@@ -452,19 +427,17 @@ class _Emitter:
         cond = self.val(177, "bool", i, stop)  # OpSLessThan
         self.op(OpLoopMerge, merge_l, cont_l, 0)
         self.op(OpBranchConditional, cond, body_l, merge_l)
-        self.terminated = True
-        self.label(body_l)
+        self.op(OpLabel, body_l)
         self.push()
         self.stmts(s.body)
         self.pop()
-        self.branch(cont_l)
-        self.label(cont_l)
+        self.op(OpBranch, cont_l)
+        self.op(OpLabel, cont_l)
         i = self.val(OpLoad, "i32", counter)
         self.op(OpStore, counter, self.val(128, "i32", i, self.c(s.step, "i32")))  # OpIAdd
         self.op(OpBranch, header)
-        self.terminated = True
         self.pop()
-        self.label(merge_l)
+        self.op(OpLabel, merge_l)
         self.stmt_cache = {}
 
     # --- expressions ----------------------------------------------------------
@@ -504,10 +477,6 @@ class _Emitter:
             ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, st), v, self.expr(a[0]))
             x = self.val(OpLoad, st, ptr)
             return self.val(OpINotEqual, "bool", x, self.c(0, "u32")) if dtype == "bool" else x
-        if op == "aload":
-            kind, ref, dtype = self.lookup(e.attr)
-            ptr = self.val(OpAccessChain, ("ptr", SC_FUNCTION, dtype), ref, self.expr(a[0]))
-            return self.val(OpLoad, dtype, ptr)
         if op in ("div", "mod") and KIND[t] in "su":
             return self.int_divmod(e)
         if op in ("min", "max"):

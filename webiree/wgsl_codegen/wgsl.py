@@ -110,7 +110,7 @@ class _Renderer:
             b = self.storage[e.attr]
             text = f"{e.attr}[{self.expr(a[0], names)}]"
             return f"({text} != 0u)" if b.dtype == "bool" else text
-        if op == "sload" or op == "aload":
+        if op == "sload":
             return f"{e.attr}[{self.expr(a[0], names)}]"
         if op in INFIX:
             lhs, rhs = self.expr(a[0], names), self.expr(a[1], names)
@@ -190,11 +190,8 @@ class _Renderer:
             elif isinstance(s, kir.Decl):
                 init = f" = {x(s.init)}" if s.init is not None else ""
                 self.lines.append(f"{ind}var {s.name}: {STORAGE_TYPE[s.dtype] if s.dtype != 'bool' else 'bool'}{init};")
-            elif isinstance(s, kir.LocalArray):
-                self.lines.append(f"{ind}var {s.name}: array<{s.dtype}, {s.size}>;")
             elif isinstance(s, kir.Assign):
-                target = s.name if s.index is None else f"{s.name}[{x(s.index)}]"
-                self.lines.append(f"{ind}{target} = {x(s.value)};")
+                self.lines.append(f"{ind}{s.name} = {x(s.value)};")
             elif isinstance(s, kir.Store):
                 b = self.storage[s.buf]
                 v = x(s.value)
@@ -217,8 +214,6 @@ class _Renderer:
                 self.lines.append(f"{ind}}}")
             elif isinstance(s, kir.Barrier):
                 self.lines.append(f"{ind}workgroupBarrier();")
-            elif isinstance(s, kir.Return):
-                self.lines.append(f"{ind}return;")
             else:
                 raise TypeError(f"unknown statement {s!r}")
 
