@@ -6,7 +6,7 @@
   onnxruntime and the WGSL path (1e-4 relative to the output's scale);
 - a hand-written kernel of edge cases (integer division by zero, i32 MIN / -1, shifts, saturating
   casts, NaN/inf tests, erf, tanh, vec4, shared memory, barriers, loops, branches) gives the same
-  bits from its SPIR-V as from its WGSL.
+  bits from its SPIR-V as from its WGSL, each legalized for its renderer (wgsl_codegen/legalize.py).
 
 The whole op suite runs over SPIR-V with `WEBIREE_TARGETS=spirv pytest tests/test_ops.py`.
 """
@@ -27,7 +27,7 @@ from webiree.compiler.driver import compile_model
 from webiree.testing import models
 from webiree.ir import kir
 from webiree.wgsl_codegen import spirv, wgsl
-
+from webiree.wgsl_codegen.legalize import legalize
 
 
 def test_spirv_val_is_installed():
@@ -76,6 +76,14 @@ def _sample_ops():
 SAMPLE = _sample_ops()
 
 
+def _spv(kernel) -> bytes:
+    return spirv.emit(legalize(kernel, spirv.SUPPORTS))
+
+
+def _wgsl(kernel) -> str:
+    return wgsl.render(legalize(kernel, wgsl.SUPPORTS))
+
+
 def _spirv_val(code: bytes, tmp_path, name="k") -> tuple[int, str]:
     p = tmp_path / f"{name}.spv"
     p.write_bytes(code)
@@ -88,7 +96,7 @@ def _spirv_val(code: bytes, tmp_path, name="k") -> tuple[int, str]:
 
 def test_header_and_deduplicated_types():
     res = compile_model(models.mlp(), validate=False)
-    code = spirv.emit(res.dispatches[0].kernel)
+    code = _spv(res.dispatches[0].kernel)
     words = struct.unpack(f"<{len(code) // 4}I", code)
     assert words[0] == 0x07230203 and words[1] == 0x00010300      # SPIR-V 1.3
     seen, i = set(), 5
@@ -100,14 +108,14 @@ def test_header_and_deduplicated_types():
             assert key not in seen, f"duplicate type/constant {key}"
             seen.add(key)
         i += n
-    assert spirv.emit(res.dispatches[0].kernel) == code   # deterministic
+    assert _spv(res.dispatches[0].kernel) == code   # deterministic
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_test_models_validate(name, tmp_path):
     res = compile_model(getattr(models, name)(), validate=False)
     for d in res.dispatches:
-        rc, err = _spirv_val(spirv.emit(d.kernel), tmp_path, d.name)
+        rc, err = _spirv_val(_spv(d.kernel), tmp_path, d.name)
         assert rc == 0, f"{d.name}: {err}"
 
 
@@ -116,7 +124,7 @@ def test_op_sample_validates(tmp_path):
     for key, model in SAMPLE.items():
         res = compile_model(model, validate=False)
         for d in res.dispatches:
-            rc, err = _spirv_val(spirv.emit(d.kernel), tmp_path, "k")
+            rc, err = _spirv_val(_spv(d.kernel), tmp_path, "k")
             assert rc == 0, f"{key}/{d.name}: {err}"
             n += 1
     assert n >= len(SAMPLE)
@@ -273,10 +281,10 @@ def test_edge_cases_same_bits_as_wgsl(tmp_path):
     b = np.array([2, 2, -2, -2, -1, 0, 0, 0, 33, 31] + list(range(27, -27, -1)), np.int32)
     x = np.array([0.5, -0.5, np.nan, np.inf, -np.inf, 3e9, -3e9, 1e-40, 2.5, -2.5]
                  + list(np.linspace(-4, 4, 54)), np.float32)
-    code = spirv.emit(k)
+    code = _spv(k)
     rc, err = _spirv_val(code, tmp_path)
     assert rc == 0, err
-    want = _dispatch(wgsl.render(k), [a, b, x], 64 * n_out).reshape(64, n_out)
+    want = _dispatch(_wgsl(k), [a, b, x], 64 * n_out).reshape(64, n_out)
     got = _dispatch(code, [a, b, x], 64 * n_out).reshape(64, n_out)
     np.testing.assert_array_equal(got, want)
     assert (want[:60, -1] == 9).all() and (want[60:, -1] == -1).all()   # if / else

@@ -1,24 +1,23 @@
-"""Emit a kernel-IR `Kernel` as a SPIR-V 1.3 binary (Vulkan 1.1 compute).
+"""Emit a legalized kernel-IR `Kernel` as a SPIR-V 1.3 binary (Vulkan 1.1 compute).
 
-This walks the very same `kir.Kernel` objects that `wgsl.py` renders (after
-`kir.unroll`), so a kernel is described once (DESIGN.md contract 4). The
-semantics follow the WGSL renderer, which is the reference:
+This walks the very same `kir.Kernel` objects that `wgsl.py` renders, so a
+kernel is described once (DESIGN.md contract 4). SPIR-V natively has none of
+legalize.FEATURES (`SUPPORTS` is empty): the compiler driver runs
+`legalize.legalize(kernel, SUPPORTS)` first, which writes erf, tanh, the NaN/inf
+bit tests, WGSL's total integer division, shift amounts mod 32, saturating
+f32 -> int conversions and bool storage as primitive ops. What is left maps
+op by op:
 
 - every binding is a StorageBuffer `Block struct { T data[]; }` (ArrayStride 4,
-  or 16 for vec4f) at DescriptorSet 0 / Binding slot; bool is stored as u32
-  (loads compare `!= 0`, stores select 1/0);
+  or 16 for vec4f) at DescriptorSet 0 / Binding slot;
 - shared arrays are Workgroup variables, `Decl`s and loop counters are
   Function variables (zero-initialised at their declaration, as WGSL does);
 - builtins are Input variables (GlobalInvocationId, LocalInvocationId,
   WorkgroupId, NumWorkgroups, LocalInvocationIndex);
 - `If`/`For` become structured control flow (OpSelectionMerge / OpLoopMerge),
   `Barrier` is OpControlBarrier(Workgroup, Workgroup, AcquireRelease|WorkgroupMemory);
-- math goes through GLSL.std.450; erf, tanh, isnan and isinf are expanded
-  inline with the formulas of the WGSL helpers (wi_erf, wi_tanh, bit tests);
-- integer `/` and `%` carry WGSL's guarantees (x / 0 = x, x % 0 = 0,
-  i32 MIN / -1 = MIN, MIN % -1 = 0) unless the divisor is a constant that
-  cannot trigger them; shift amounts are taken modulo 32; f32 -> i32 / u32
-  conversions saturate (clamp before convert), as in WGSL.
+- math goes through GLSL.std.450; non-finite f32 constants are OpBitcast of
+  their bits in the entry block (naga's SPIR-V front end rejects them as constants).
 
 A sub-expression is computed once: values without memory reads or mutable
 variables are reused in every block they dominate; the others are reused
@@ -52,6 +51,9 @@ OpNot = 200
 OpControlBarrier, OpLoopMerge, OpSelectionMerge, OpLabel = 224, 246, 247, 248
 OpBranch, OpBranchConditional, OpReturn = 249, 250, 253
 
+# legalize.FEATURES this emitter prints natively: none
+SUPPORTS = frozenset()
+
 # GLSL.std.450 extended instructions
 GLSL = {
     "roundeven": 2, "trunc": 3, "fabs": 4, "sabs": 5, "fsign": 6, "ssign": 7, "floor": 8, "ceil": 9,
@@ -77,14 +79,16 @@ BIN = {
     "lt": {"f": 184, "s": 177, "u": 176}, "le": {"f": 188, "s": 179, "u": 178},
     "gt": {"f": 186, "s": 173, "u": 172}, "ge": {"f": 190, "s": 175, "u": 174},
     # WGSL: == is ordered, != is unordered (NaN != NaN)
-    "eq": {"f": 180, "s": 170, "u": 170, "b": OpLogicalEqual},
-    "ne": {"f": 183, "s": 171, "u": 171, "b": OpLogicalNotEqual},
+    "eq": {"f": 180, "s": OpIEqual, "u": OpIEqual, "b": OpLogicalEqual},
+    "ne": {"f": 183, "s": OpINotEqual, "u": OpINotEqual, "b": OpLogicalNotEqual},
     "and": {"b": OpLogicalAnd}, "or": {"b": OpLogicalOr},
 }
 MINMAX = {"min": {"f": "fmin", "s": "smin", "u": "umin"}, "max": {"f": "fmax", "s": "smax", "u": "umax"}}
 CLAMP = {"f": "fclamp", "s": "sclamp", "u": "uclamp"}
 KIND = {"f32": "f", "vec4f": "f", "i32": "s", "u32": "u", "bool": "b"}
-STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32", "vec4f": "vec4f"}
+# (source, result) -> conversion opcode (f32 -> int operands are in range after legalization)
+CONVERT = {("i32", "f32"): OpConvertSToF, ("u32", "f32"): OpConvertUToF, ("f32", "i32"): OpConvertFToS,
+           ("f32", "u32"): OpConvertFToU, ("i32", "u32"): OpBitcast, ("u32", "i32"): OpBitcast}
 
 SC_INPUT, SC_WORKGROUP, SC_FUNCTION, SC_STORAGE = 1, 4, 7, 12
 SCOPE_WORKGROUP = 2
@@ -284,21 +288,22 @@ class _Emitter:
             m.ins(m.header, OpCapability, 64)  # GroupNonUniformBallot (OpGroupNonUniformBroadcast)
         self.glsl = m.id()
         main = m.id()
+        if any(a.dtype == "bool" for a in k.bindings + k.shared):
+            raise NotImplementedError(f"kernel {k.name}: SPIR-V has no bool storage; "
+                                      "legalize the kernel first (wgsl_codegen/legalize.py)")
         # storage buffers
         self.buffers = {}
         for b in k.bindings:
-            st = STORAGE_TYPE[b.dtype]
-            ptr = m.type(("ptr", SC_STORAGE, ("block", st)))
+            ptr = m.type(("ptr", SC_STORAGE, ("block", b.dtype)))
             v = m.id()
             m.ins(m.globals, OpVariable, ptr, v, SC_STORAGE)
             m.ins(m.annotations, OpDecorate, v, 34, 0)       # DescriptorSet 0
             m.ins(m.annotations, OpDecorate, v, 33, b.slot)  # Binding
             m.ins(m.debug, OpName, v, _string(b.name))
-            self.buffers[b.name] = (v, b.dtype, st)
+            self.buffers[b.name] = (v, b.dtype)
         self.shared = {}
         for s in k.shared:
-            st = STORAGE_TYPE[s.dtype]
-            ptr = m.type(("ptr", SC_WORKGROUP, ("array", st, s.size)))
+            ptr = m.type(("ptr", SC_WORKGROUP, ("array", s.dtype, s.size)))
             v = m.id()
             m.ins(m.globals, OpVariable, ptr, v, SC_WORKGROUP)
             m.ins(m.debug, OpName, v, _string(s.name))
@@ -314,7 +319,6 @@ class _Emitter:
             builtin_vars[name] = (v, tkey)
             interface.append(v)
         # the function body
-        body = kir.unroll(k.body)
         entry = m.id()
         for name, (v, tkey) in builtin_vars.items():
             x = self.val(OpLoad, tkey, v)
@@ -323,7 +327,7 @@ class _Emitter:
             else:
                 for j, comp in enumerate("xyz"):
                     self.scopes[0][f"{name}.{comp}"] = ("let", self.val(OpCompositeExtract, "u32", x, j), "u32")
-        self.stmts(body)
+        self.stmts(k.body)
         self.op(OpReturn)
         fn_type = m.type(("fn",))
         void = m.type("void")
@@ -371,18 +375,14 @@ class _Emitter:
             kind, ptr, dtype = self.lookup(s.name)
             self.op(OpStore, ptr, self.expr(s.value))
         elif isinstance(s, kir.Store):
-            v, dtype, st = self.buffers[s.buf]
+            v, dtype = self.buffers[s.buf]
             value = self.expr(s.value)
-            if dtype == "bool":
-                value = self.val(OpSelect, "u32", value, self.c(1, "u32"), self.c(0, "u32"))
-            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, st), v, self.c(0, "i32"), self.expr(s.index))
+            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, dtype), v, self.c(0, "i32"), self.expr(s.index))
             self.op(OpStore, ptr, value)
         elif isinstance(s, kir.SStore):
             v, dtype = self.shared[s.name]
             value = self.expr(s.value)
-            if dtype == "bool":
-                value = self.val(OpSelect, "u32", value, self.c(1, "u32"), self.c(0, "u32"))
-            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, STORAGE_TYPE[dtype]), v, self.expr(s.index))
+            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, dtype), v, self.expr(s.index))
             self.op(OpStore, ptr, value)
         elif isinstance(s, kir.If):
             self.emit_if(s)
@@ -467,29 +467,17 @@ class _Emitter:
                 return ref
             return self.val(OpLoad, dtype, ref)
         if op == "load":
-            v, dtype, st = self.buffers[e.attr]
-            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, st), v, self.c(0, "i32"), self.expr(a[0]))
-            x = self.val(OpLoad, st, ptr)
-            return self.val(OpINotEqual, "bool", x, self.c(0, "u32")) if dtype == "bool" else x
+            v, dtype = self.buffers[e.attr]
+            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, dtype), v, self.c(0, "i32"), self.expr(a[0]))
+            return self.val(OpLoad, dtype, ptr)
         if op == "sload":
             v, dtype = self.shared[e.attr]
-            st = STORAGE_TYPE[dtype]
-            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, st), v, self.expr(a[0]))
-            x = self.val(OpLoad, st, ptr)
-            return self.val(OpINotEqual, "bool", x, self.c(0, "u32")) if dtype == "bool" else x
-        if op in ("div", "mod") and KIND[t] in "su":
-            return self.int_divmod(e)
+            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, dtype), v, self.expr(a[0]))
+            return self.val(OpLoad, dtype, ptr)
         if op in ("min", "max"):
             return self.ext(t, MINMAX[op][KIND[t]], self.expr(a[0]), self.expr(a[1]))
         if op in ("pow", "atan2"):
             return self.ext(t, op, self.expr(a[0]), self.expr(a[1]))
-        if op in ("shl", "shr"):
-            x = self.expr(a[0])
-            if a[1].is_const:
-                n = self.c(int(a[1].attr) & 31, a[1].dtype)
-            else:
-                n = self.val(199, a[1].dtype, self.expr(a[1]), self.c(31, a[1].dtype))  # OpBitwiseAnd
-            return self.val(BIN[op][KIND[a[0].dtype]], t, x, n)
         if op in BIN:
             return self.val(BIN[op][KIND[a[0].dtype]], t, self.expr(a[0]), self.expr(a[1]))
         if op == "neg":
@@ -505,14 +493,6 @@ class _Emitter:
             return self.ext(t, "fsign" if KIND[t] == "f" else "ssign", self.expr(a[0]))
         if op in UNARY_GLSL:
             return self.ext(t, UNARY_GLSL[op], self.expr(a[0]))
-        if op == "tanh":
-            return self.tanh(a[0])
-        if op == "erf":
-            return self.erf(a[0])
-        if op in ("isnan", "isinf"):
-            bits = self.val(OpBitcast, "u32", self.expr(a[0]))
-            mag = self.val(199, "u32", bits, self.c(0x7FFFFFFF, "u32"))
-            return self.val(172 if op == "isnan" else OpIEqual, "bool", mag, self.c(0x7F800000, "u32"))
         if op == "splat":
             x = self.expr(a[0])
             return self.val(OpCompositeConstruct, "vec4f", x, x, x, x)
@@ -527,97 +507,16 @@ class _Emitter:
             if t == "vec4f":
                 cond = self.val(OpCompositeConstruct, "bvec4", cond, cond, cond, cond)
             return self.val(OpSelect, t, cond, self.expr(a[1]), self.expr(a[2]))
-        if op == "cast":
-            return self.cast(a[0], t)
+        if op == "cast" and (a[0].dtype, t) in CONVERT:
+            return self.val(CONVERT[a[0].dtype, t], t, self.expr(a[0]))
         if op == "bitcast":
             return self.val(OpBitcast, t, self.expr(a[0]))
         if op == "fma":
             return self.ext(t, "fma", *[self.expr(x) for x in a])
         if op == "clamp":
             return self.ext(t, CLAMP[KIND[t]], *[self.expr(x) for x in a])
-        raise NotImplementedError(f"kernel {self.k.name}: SPIR-V for {op} ({t}) is not implemented")
-
-    def int_divmod(self, e: Expr) -> int:
-        """WGSL integer / and %: x / 0 = x, x % 0 = 0, MIN / -1 = MIN, MIN % -1 = 0 (divisor taken as 1)."""
-        a, b = e.args
-        t = e.dtype
-        signed = t == "i32"
-        x, y = self.expr(a), self.expr(b)
-        opcode = BIN[e.op][KIND[t]]
-        if b.is_const and b.attr != 0 and not (signed and b.attr == -1):
-            return self.val(opcode, t, x, y)
-        bad = self.val(OpIEqual, "bool", y, self.c(0, t))
-        if signed:
-            at_min = self.val(OpIEqual, "bool", x, self.c(-(1 << 31), t))
-            by_m1 = self.val(OpIEqual, "bool", y, self.c(-1, t))
-            bad = self.val(OpLogicalOr, "bool", bad, self.val(OpLogicalAnd, "bool", at_min, by_m1))
-        y = self.val(OpSelect, t, bad, self.c(1, t), y)
-        return self.val(opcode, t, x, y)
-
-    def cast(self, x: Expr, t: str) -> int:
-        src = x.dtype
-        v = self.expr(x)
-        if t == "bool":
-            zero = self.c(0.0 if src == "f32" else 0, src)
-            return self.val(183 if src == "f32" else OpINotEqual, "bool", v, zero)  # WGSL x != 0
-        if src == "bool":
-            one, zero = (1.0, 0.0) if t == "f32" else (1, 0)
-            return self.val(OpSelect, t, v, self.c(one, t), self.c(zero, t))
-        if t == "f32":
-            return self.val(OpConvertSToF if src == "i32" else OpConvertUToF, "f32", v)
-        if src == "f32":   # saturating, as WGSL
-            if t == "i32":
-                v = self.ext("f32", "fclamp", v, self.c(-2147483648.0, "f32"), self.c(2147483520.0, "f32"))
-                return self.val(OpConvertFToS, "i32", v)
-            v = self.ext("f32", "fclamp", v, self.c(0.0, "f32"), self.c(4294967040.0, "f32"))
-            return self.val(OpConvertFToU, "u32", v)
-        return self.val(OpBitcast, t, v)   # i32 <-> u32
-
-    # the WGSL helpers, instruction by instruction
-    def tanh(self, xe: Expr) -> int:
-        """wi_tanh: c = clamp(x, -9, 9); e = exp(2c); select((e-1)/(e+1), x, isnan(x))."""
-        t = xe.dtype
-        x = self.expr(xe)
-        cf = lambda v: self.splat_const(v, t)  # noqa: E731
-        c = self.ext(t, "fclamp", x, cf(-9.0), cf(9.0))
-        ex = self.ext(t, "exp", self.val(133, t, cf(2.0), c))
-        r = self.val(136, t, self.val(131, t, ex, cf(1.0)), self.val(129, t, ex, cf(1.0)))
-        nan = self.isnan_of(x, t)
-        return self.val(OpSelect, t, nan, x, r)
-
-    def erf(self, xe: Expr) -> int:
-        """wi_erf: Abramowitz & Stegun 7.1.26, odd extension."""
-        t = xe.dtype
-        x = self.expr(xe)
-        cf = lambda v: self.splat_const(v, t)  # noqa: E731
-        mul = lambda p, q: self.val(133, t, p, q)  # noqa: E731
-        add = lambda p, q: self.val(129, t, p, q)  # noqa: E731
-        sub = lambda p, q: self.val(131, t, p, q)  # noqa: E731
-        a = self.ext(t, "fabs", x)
-        tt = self.val(136, t, cf(1.0), add(cf(1.0), mul(cf(0.3275911), a)))
-        p = sub(mul(cf(1.061405429), tt), cf(1.453152027))
-        p = add(mul(p, tt), cf(1.421413741))
-        p = sub(mul(p, tt), cf(0.284496736))
-        p = add(mul(p, tt), cf(0.254829592))
-        p = mul(p, tt)
-        na = self.val(OpFNegate, t, a)
-        p = mul(p, self.ext(t, "exp", mul(na, a)))
-        y = sub(cf(1.0), p)
-        ge = self.val(190, "bool" if t == "f32" else "bvec4", x, cf(0.0))  # OpFOrdGreaterThanEqual
-        return self.val(OpSelect, t, ge, y, self.val(OpFNegate, t, y))
-
-    def isnan_of(self, x: int, t: str) -> int:
-        if t == "vec4f":
-            raise NotImplementedError("isnan of vec4f")
-        bits = self.val(OpBitcast, "u32", x)
-        mag = self.val(199, "u32", bits, self.c(0x7FFFFFFF, "u32"))
-        return self.val(172, "bool", mag, self.c(0x7F800000, "u32"))
-
-    def splat_const(self, v: float, t: str) -> int:
-        c = self.c(v, "f32")
-        if t == "f32":
-            return c
-        raise NotImplementedError("vec4f math helpers")
+        raise NotImplementedError(f"kernel {self.k.name}: SPIR-V has no {op} ({t}); "
+                                  "legalize the kernel first (wgsl_codegen/legalize.py)")
 
 
 def emit(kernel: kir.Kernel) -> bytes:
