@@ -19,49 +19,31 @@ op by op:
 - math goes through GLSL.std.450; non-finite f32 constants are OpBitcast of
   their bits in the entry block (naga's SPIR-V front end rejects them as constants).
 
-A sub-expression is computed once: values without memory reads or mutable
-variables are reused in every block they dominate; the others are reused
-within one statement (as the WGSL renderer binds them with `let`).
+Opcode numbers and the module's encoding (ids, sections, types, constants)
+are in `spirv_module.py`. A sub-expression is computed once: values without
+memory reads or mutable variables are reused in every block they dominate;
+the others are reused within one statement (as the WGSL renderer binds them
+with `let`).
 """
 
 from __future__ import annotations
 
 import math
-import struct
 
 from ..ir import kir
 from ..ir.kir import Expr
-
-MAGIC = 0x07230203
-VERSION_1_3 = 0x00010300
-
-# opcodes (SPIR-V 1.3 unified spec)
-OpName, OpExtInstImport, OpExtInst, OpMemoryModel, OpEntryPoint = 5, 11, 12, 14, 15
-OpExecutionMode, OpCapability = 16, 17
-OpTypeVoid, OpTypeBool, OpTypeInt, OpTypeFloat, OpTypeVector = 19, 20, 21, 22, 23
-OpTypeArray, OpTypeRuntimeArray, OpTypeStruct, OpTypePointer, OpTypeFunction = 28, 29, 30, 32, 33
-OpConstantTrue, OpConstantFalse, OpConstant, OpConstantNull = 41, 42, 43, 46
-OpFunction, OpFunctionEnd, OpVariable, OpLoad, OpStore, OpAccessChain = 54, 56, 59, 61, 62, 65
-OpDecorate, OpMemberDecorate, OpCompositeConstruct, OpCompositeExtract = 71, 72, 80, 81
-OpConvertFToU, OpConvertFToS, OpConvertSToF, OpConvertUToF, OpBitcast = 109, 110, 111, 112, 124
-OpSNegate, OpFNegate = 126, 127
-OpLogicalEqual, OpLogicalNotEqual, OpLogicalOr, OpLogicalAnd, OpLogicalNot, OpSelect = 164, 165, 166, 167, 168, 169
-OpIEqual, OpINotEqual = 170, 171
-OpNot = 200
-OpControlBarrier, OpLoopMerge, OpSelectionMerge, OpLabel = 224, 246, 247, 248
-OpBranch, OpBranchConditional, OpReturn = 249, 250, 253
+from .spirv_module import (
+    GLSL, SC_FUNCTION, SC_INPUT, SC_STORAGE, SC_WORKGROUP, SCOPE_WORKGROUP, SEM_ACQREL_WGMEM, Module,
+    OpAccessChain, OpBitcast, OpBranch, OpBranchConditional, OpCapability, OpCompositeConstruct,
+    OpCompositeExtract, OpControlBarrier, OpConvertFToS, OpConvertFToU, OpConvertSToF, OpConvertUToF,
+    OpDecorate, OpEntryPoint, OpExecutionMode, OpExtInst, OpExtInstImport, OpFNegate, OpFunction,
+    OpFunctionEnd, OpIEqual, OpINotEqual, OpLabel, OpLoad, OpLogicalAnd, OpLogicalEqual, OpLogicalNot,
+    OpLogicalNotEqual, OpLogicalOr, OpLoopMerge, OpMemoryModel, OpName, OpNot, OpReturn, OpSelect,
+    OpSelectionMerge, OpSNegate, OpStore, OpVariable, f32_bits, string)
 
 # legalize.FEATURES this emitter prints natively: none
 SUPPORTS = frozenset()
 
-# GLSL.std.450 extended instructions
-GLSL = {
-    "roundeven": 2, "trunc": 3, "fabs": 4, "sabs": 5, "fsign": 6, "ssign": 7, "floor": 8, "ceil": 9,
-    "sin": 13, "cos": 14, "tan": 15, "asin": 16, "acos": 17, "atan": 18, "sinh": 19, "cosh": 20,
-    "asinh": 22, "acosh": 23, "atanh": 24, "atan2": 25, "pow": 26, "exp": 27, "log": 28, "exp2": 29,
-    "log2": 30, "sqrt": 31, "rsqrt": 32, "fmin": 37, "umin": 38, "smin": 39, "fmax": 40, "umax": 41,
-    "smax": 42, "fclamp": 43, "uclamp": 44, "sclamp": 45, "fma": 50,
-}
 UNARY_GLSL = {  # kir unary op -> GLSL.std.450 instruction (f32 / vec4f operands)
     "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "floor": "floor", "ceil": "ceil", "round": "roundeven", "trunc": "trunc", "sin": "sin", "cos": "cos",
@@ -90,131 +72,13 @@ KIND = {"f32": "f", "vec4f": "f", "i32": "s", "u32": "u", "bool": "b"}
 CONVERT = {("i32", "f32"): OpConvertSToF, ("u32", "f32"): OpConvertUToF, ("f32", "i32"): OpConvertFToS,
            ("f32", "u32"): OpConvertFToU, ("i32", "u32"): OpBitcast, ("u32", "i32"): OpBitcast}
 
-SC_INPUT, SC_WORKGROUP, SC_FUNCTION, SC_STORAGE = 1, 4, 7, 12
-SCOPE_WORKGROUP = 2
-SEM_ACQREL_WGMEM = 0x8 | 0x100
 BUILTINS = {"gid": 28, "lid": 27, "wid": 26, "nwg": 24, "lindex": 29}
-
-
-def _string(s: str) -> list[int]:
-    b = s.encode("utf-8") + b"\0"
-    b += b"\0" * ((-len(b)) % 4)
-    return list(struct.unpack(f"<{len(b) // 4}I", b))
-
-
-def _f32_bits(v: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", v))[0]
-
-
-class _Module:
-    """Id allocation and the module's sections; types and constants deduplicated."""
-
-    def __init__(self):
-        self.bound = 1
-        self.header: list[int] = []       # capabilities .. execution modes
-        self.debug: list[int] = []
-        self.annotations: list[int] = []
-        self.globals: list[int] = []      # types, constants, global variables
-        self._types: dict = {}
-        self._consts: dict = {}
-
-    def id(self) -> int:
-        i = self.bound
-        self.bound += 1
-        return i
-
-    @staticmethod
-    def ins(out: list, op: int, *operands) -> None:
-        words = []
-        for o in operands:
-            if isinstance(o, (list, tuple)):
-                words.extend(o)
-            else:
-                words.append(o)
-        out.append(((len(words) + 1) << 16) | op)
-        out.extend(words)
-
-    def type(self, key) -> int:
-        """key: 'void' | 'bool' | 'f32' | 'i32' | 'u32' | 'vec4f' | 'bvec4' | 'uvec3' |
-        ('ptr', sc, key) | ('array', key, n) | ('rtarray', key) | ('block', key) | ('fn',)"""
-        got = self._types.get(key)
-        if got is not None:
-            return got
-        if key == "void":
-            i = self.id(); self.ins(self.globals, OpTypeVoid, i)
-        elif key == "bool":
-            i = self.id(); self.ins(self.globals, OpTypeBool, i)
-        elif key == "f32":
-            i = self.id(); self.ins(self.globals, OpTypeFloat, i, 32)
-        elif key == "i32":
-            i = self.id(); self.ins(self.globals, OpTypeInt, i, 32, 1)
-        elif key == "u32":
-            i = self.id(); self.ins(self.globals, OpTypeInt, i, 32, 0)
-        elif key == "vec4f":
-            c = self.type("f32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
-        elif key == "bvec4":
-            c = self.type("bool"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
-        elif key == "uvec3":
-            c = self.type("u32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 3)
-        elif key[0] == "ptr":
-            t = self.type(key[2]); i = self.id(); self.ins(self.globals, OpTypePointer, i, key[1], t)
-        elif key[0] == "array":
-            t = self.type(key[1]); n = self.const(key[2], "u32"); i = self.id()
-            self.ins(self.globals, OpTypeArray, i, t, n)
-        elif key[0] == "rtarray":
-            t = self.type(key[1]); i = self.id()
-            self.ins(self.globals, OpTypeRuntimeArray, i, t)
-            self.ins(self.annotations, OpDecorate, i, 6, 16 if key[1] == "vec4f" else 4)   # ArrayStride
-        elif key[0] == "block":
-            a = self.type(("rtarray", key[1])); i = self.id()
-            self.ins(self.globals, OpTypeStruct, i, a)
-            self.ins(self.annotations, OpDecorate, i, 2)                 # Block
-            self.ins(self.annotations, OpMemberDecorate, i, 0, 35, 0)   # Offset 0
-        elif key[0] == "fn":
-            v = self.type("void"); i = self.id(); self.ins(self.globals, OpTypeFunction, i, v)
-        else:
-            raise ValueError(f"unknown type {key!r}")
-        self._types[key] = i
-        return i
-
-    def const(self, value, dtype: str) -> int:
-        if dtype == "f32":
-            key = ("f32", _f32_bits(value))
-        elif dtype == "bool":
-            key = ("bool", bool(value))
-        else:
-            key = (dtype, int(value) & 0xFFFFFFFF)
-        got = self._consts.get(key)
-        if got is not None:
-            return got
-        t = self.type(dtype)
-        i = self.id()
-        if dtype == "bool":
-            self.ins(self.globals, OpConstantTrue if value else OpConstantFalse, t, i)
-        else:
-            self.ins(self.globals, OpConstant, t, i, key[1])
-        self._consts[key] = i
-        return i
-
-    def null(self, tkey) -> int:
-        key = ("null", tkey)
-        got = self._consts.get(key)
-        if got is None:
-            t = self.type(tkey)
-            got = self.id()
-            self.ins(self.globals, OpConstantNull, t, got)
-            self._consts[key] = got
-        return got
-
-    def binary(self) -> bytes:
-        words = [MAGIC, VERSION_1_3, 0, self.bound, 0] + self.header + self.debug + self.annotations + self.globals
-        return struct.pack(f"<{len(words)}I", *words)
 
 
 class _Emitter:
     def __init__(self, kernel: kir.Kernel):
         self.k = kernel
-        self.m = _Module()
+        self.m = Module()
         self.code: list[int] = []          # function body after the entry block's variables
         self.vars: list[int] = []          # OpVariable (Function) of the entry block
         self.prelude: list[int] = []       # non-finite f32 values, computed first in the entry block
@@ -243,7 +107,7 @@ class _Emitter:
         if dtype == "f32" and not math.isfinite(value):
             # naga's SPIR-V front end rejects non-finite float constants (as the WGSL renderer
             # avoids non-finite literals): bitcast the bits once at the top of the entry block
-            bits = _f32_bits(value)
+            bits = f32_bits(value)
             got = self.nonfinite.get(bits)
             if got is None:
                 got = self.m.id()
@@ -299,14 +163,14 @@ class _Emitter:
             m.ins(m.globals, OpVariable, ptr, v, SC_STORAGE)
             m.ins(m.annotations, OpDecorate, v, 34, 0)       # DescriptorSet 0
             m.ins(m.annotations, OpDecorate, v, 33, b.slot)  # Binding
-            m.ins(m.debug, OpName, v, _string(b.name))
+            m.ins(m.debug, OpName, v, string(b.name))
             self.buffers[b.name] = (v, b.dtype)
         self.shared = {}
         for s in k.shared:
             ptr = m.type(("ptr", SC_WORKGROUP, ("array", s.dtype, s.size)))
             v = m.id()
             m.ins(m.globals, OpVariable, ptr, v, SC_WORKGROUP)
-            m.ins(m.debug, OpName, v, _string(s.name))
+            m.ins(m.debug, OpName, v, string(s.name))
             self.shared[s.name] = (v, s.dtype)
         interface = []
         builtin_vars = {}
@@ -315,7 +179,7 @@ class _Emitter:
             v = m.id()
             m.ins(m.globals, OpVariable, m.type(("ptr", SC_INPUT, tkey)), v, SC_INPUT)
             m.ins(m.annotations, OpDecorate, v, 11, bi)  # BuiltIn
-            m.ins(m.debug, OpName, v, _string(name))
+            m.ins(m.debug, OpName, v, string(name))
             builtin_vars[name] = (v, tkey)
             interface.append(v)
         # the function body
@@ -337,12 +201,12 @@ class _Emitter:
         function += self.vars + self.prelude + self.code
         m.ins(function, OpFunctionEnd)
         # header: capability, ext import, memory model, entry point, execution mode
-        m.ins(m.header, OpExtInstImport, self.glsl, _string("GLSL.std.450"))
+        m.ins(m.header, OpExtInstImport, self.glsl, string("GLSL.std.450"))
         m.ins(m.header, OpMemoryModel, 0, 1)  # Logical GLSL450
-        m.ins(m.header, OpEntryPoint, 5, main, _string("main"), interface)  # GLCompute
+        m.ins(m.header, OpEntryPoint, 5, main, string("main"), interface)  # GLCompute
         wx, wy, wz = (tuple(k.workgroup_size) + (1, 1, 1))[:3]
         m.ins(m.header, OpExecutionMode, main, 17, wx, wy, wz)  # LocalSize
-        m.ins(m.debug, OpName, main, _string("main"))
+        m.ins(m.debug, OpName, main, string("main"))
         m.globals += function
         return m.binary()
 
