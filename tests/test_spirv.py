@@ -5,8 +5,8 @@
 - `targets="spirv"` builds run through wgpu-py (naga's SPIR-V front end, lavapipe) and match
   onnxruntime and the WGSL path (1e-4 relative to the output's scale);
 - a hand-written kernel of edge cases (integer division by zero, i32 MIN / -1, shifts, saturating
-  casts, NaN/inf tests, erf, tanh, vec4, shared memory, barriers, loops) gives the same bits from
-  its SPIR-V as from its WGSL.
+  casts, NaN/inf tests, erf, tanh, vec4, shared memory, barriers, loops, branches) gives the same
+  bits from its SPIR-V as from its WGSL, each legalized for its renderer (wgsl_codegen/legalize.py).
 
 The whole op suite runs over SPIR-V with `WEBIREE_TARGETS=spirv pytest tests/test_ops.py`.
 """
@@ -27,7 +27,7 @@ from webiree.compiler.driver import compile_model
 from webiree.testing import models
 from webiree.ir import kir
 from webiree.wgsl_codegen import spirv, wgsl
-
+from webiree.wgsl_codegen.legalize import legalize
 
 
 def test_spirv_val_is_installed():
@@ -76,6 +76,14 @@ def _sample_ops():
 SAMPLE = _sample_ops()
 
 
+def _spv(kernel) -> bytes:
+    return spirv.emit(legalize(kernel, spirv.SUPPORTS))
+
+
+def _wgsl(kernel) -> str:
+    return wgsl.render(legalize(kernel, wgsl.SUPPORTS))
+
+
 def _spirv_val(code: bytes, tmp_path, name="k") -> tuple[int, str]:
     p = tmp_path / f"{name}.spv"
     p.write_bytes(code)
@@ -88,7 +96,7 @@ def _spirv_val(code: bytes, tmp_path, name="k") -> tuple[int, str]:
 
 def test_header_and_deduplicated_types():
     res = compile_model(models.mlp(), validate=False)
-    code = spirv.emit(res.dispatches[0].kernel)
+    code = _spv(res.dispatches[0].kernel)
     words = struct.unpack(f"<{len(code) // 4}I", code)
     assert words[0] == 0x07230203 and words[1] == 0x00010300      # SPIR-V 1.3
     seen, i = set(), 5
@@ -100,14 +108,14 @@ def test_header_and_deduplicated_types():
             assert key not in seen, f"duplicate type/constant {key}"
             seen.add(key)
         i += n
-    assert spirv.emit(res.dispatches[0].kernel) == code   # deterministic
+    assert _spv(res.dispatches[0].kernel) == code   # deterministic
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_test_models_validate(name, tmp_path):
     res = compile_model(getattr(models, name)(), validate=False)
     for d in res.dispatches:
-        rc, err = _spirv_val(spirv.emit(d.kernel), tmp_path, d.name)
+        rc, err = _spirv_val(_spv(d.kernel), tmp_path, d.name)
         assert rc == 0, f"{d.name}: {err}"
 
 
@@ -116,7 +124,7 @@ def test_op_sample_validates(tmp_path):
     for key, model in SAMPLE.items():
         res = compile_model(model, validate=False)
         for d in res.dispatches:
-            rc, err = _spirv_val(spirv.emit(d.kernel), tmp_path, "k")
+            rc, err = _spirv_val(_spv(d.kernel), tmp_path, "k")
             assert rc == 0, f"{key}/{d.name}: {err}"
             n += 1
     assert n >= len(SAMPLE)
@@ -199,8 +207,7 @@ def test_unknown_target_is_a_clear_error():
 
 def _edge_kernel():
     """Every scalar rule that differs between WGSL and a naive SPIR-V translation."""
-    from webiree.ir.kir import (Assign, Barrier, Decl, For, If, Let, LocalArray, SStore, Store, f32, i32,
-                                          lvar)
+    from webiree.ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar
     o = lvar("o", "i32")
     a = kir.load("b0", o, "i32")
     b = kir.load("b1", o, "i32")
@@ -223,12 +230,13 @@ def _edge_kernel():
     ]
     n_out = len(outs) + 3
     body = [Let("o", kir.cast(kir.LINDEX, "i32")),
-            LocalArray("arr", "i32", 4),
+            Decl("at2", "i32", i32(0)),
             Decl("acc", "i32", i32(0)),
             SStore("sh", o, a),
             Barrier(),
             For("k", i32(0), kir.cast(kir.NWG[0], "i32") + 3, [
-                Assign("arr", lvar("acc", "i32"), kir.binary("band", lvar("k", "i32"), i32(3))),
+                If(kir.binary("eq", kir.binary("band", lvar("k", "i32"), i32(3)), i32(2)),
+                   [Assign("at2", lvar("acc", "i32"))]),
                 Assign("acc", lvar("acc", "i32") + kir.sload("sh", (o + lvar("k", "i32")) % 64, "i32")),
                 If(lvar("acc", "i32") > 1000, [Assign("acc", lvar("acc", "i32") - 999)]),
             ]),
@@ -236,9 +244,9 @@ def _edge_kernel():
     for j, v in enumerate(outs):
         body.append(Store("b3", o * n_out + j, v))
     body.append(Store("b3", o * n_out + len(outs), lvar("acc", "i32")))
-    body.append(Store("b3", o * n_out + len(outs) + 1, kir.aload("arr", i32(2), "i32")))
-    body.append(If(o >= 60, [kir.Return()], [Store("b3", o * n_out + len(outs) + 2, i32(7))]))
-    body.append(Store("b3", o * n_out + len(outs) + 2, i32(9)))
+    body.append(Store("b3", o * n_out + len(outs) + 1, lvar("at2", "i32")))
+    body.append(If(o >= 60, [Store("b3", o * n_out + len(outs) + 2, i32(-1))],
+                   [Store("b3", o * n_out + len(outs) + 2, i32(7)), Store("b3", o * n_out + len(outs) + 2, i32(9))]))
     return kir.Kernel("edge", [kir.Binding(0, "b0", "i32"), kir.Binding(1, "b1", "i32"), kir.Binding(2, "b2", "f32"),
                                kir.Binding(3, "b3", "i32", writes=True)], (64, 1, 1), body,
                       [kir.SharedArray("sh", "i32", 64)]), n_out
@@ -273,12 +281,12 @@ def test_edge_cases_same_bits_as_wgsl(tmp_path):
     b = np.array([2, 2, -2, -2, -1, 0, 0, 0, 33, 31] + list(range(27, -27, -1)), np.int32)
     x = np.array([0.5, -0.5, np.nan, np.inf, -np.inf, 3e9, -3e9, 1e-40, 2.5, -2.5]
                  + list(np.linspace(-4, 4, 54)), np.float32)
-    code = spirv.emit(k)
+    code = _spv(k)
     rc, err = _spirv_val(code, tmp_path)
     assert rc == 0, err
-    want = _dispatch(wgsl.render(k), [a, b, x], 64 * n_out).reshape(64, n_out)
+    want = _dispatch(_wgsl(k), [a, b, x], 64 * n_out).reshape(64, n_out)
     got = _dispatch(code, [a, b, x], 64 * n_out).reshape(64, n_out)
     np.testing.assert_array_equal(got, want)
-    assert (want[:60, -1] == 9).all() and (want[60:, -1] == 0).all()   # early return
+    assert (want[:60, -1] == 9).all() and (want[60:, -1] == -1).all()   # if / else
     assert want[0, 0] == 3 and want[1, 0] == -3 and want[5, 0] == -(1 << 31) and want[4, 0] == -(1 << 31)
     assert want[6, 0] == 5 and want[6, 1] == 0     # x / 0 = x, x % 0 = 0

@@ -1,8 +1,12 @@
 """The compiler pipeline, stage by stage (DESIGN.md: data flows one way).
 
     import -> lower (fold constants, canonical ops) -> fold_pad_into_conv -> dce -> fuse -> dce
-           -> plan memory -> kernels (config + kernel IR + WGSL, naga-validated)
+           -> plan memory -> kernels (config + kernel IR; per target: legalize the
+              kernel for the renderer -> WGSL text / SPIR-V words, validated)
            -> schedule module + weights blob
+
+Legalization (wgsl_codegen/legalize.py) runs here, once per kernel and target,
+between building the kernel IR and rendering it: the renderers only print.
 
 `compile_model` returns every stage's product in a `CompileResult`;
 `--dump-after STAGE` prints one of them.
@@ -22,6 +26,7 @@ from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
 from ..ir import kir
 from ..wgsl_codegen import wgsl
+from ..wgsl_codegen.legalize import legalize
 from . import memory, passes
 from .importer import import_model
 from .lowering import lower
@@ -146,7 +151,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     sources: dict[str, int] = {}
     executables, shaders, exec_of, spv = [], [], [], []
     for d in dispatches:
-        text = wgsl.render(d.kernel)
+        text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
         # the first line names the kernel; identical bodies share one executable
         body = text.split("\n", 1)[1]
         if body not in sources:
@@ -155,7 +160,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
             code = text.encode("utf-8")
             if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
                 from ..wgsl_codegen import spirv
-                spv.append((fname[:-len(".wgsl")] + ".spv", spirv.emit(d.kernel)))
+                spv.append((fname[:-len(".wgsl")] + ".spv", spirv.emit(legalize(d.kernel, spirv.SUPPORTS))))
                 if targets[0] == "spirv":
                     code = spv[-1][1]
             executables.append(F.Executable(d.name, targets[0], code, "main", d.kernel.workgroup_size,

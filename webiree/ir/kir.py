@@ -1,9 +1,18 @@
 """Kernel IR: the one description of a compute kernel (DESIGN.md contract 4).
 
 Every dispatch the compiler forms is described here, as a tree of typed
-expressions and a short list of structured statements; `wgsl.py` renders it
-to WGSL text and a SPIR-V emitter can walk the very same objects. No kernel is
-ever written as a string anywhere else.
+expressions and a short list of structured statements; `wgsl_codegen/wgsl.py`
+renders it to WGSL text and `wgsl_codegen/spirv.py` to SPIR-V, both after
+`wgsl_codegen/legalize.py` has rewritten it for them. No kernel is ever
+written as a string anywhere else.
+
+Ops mean what webiree defines, whatever a target's instruction of the same
+name does: `erf`; `tanh` (exactly +-1 for large |x|, NaN passes through);
+`isnan` / `isinf` (true to the bits, also where a shader compiler assumes
+finite floats); integer `div` / `mod` (WGSL's: x / 0 = x, x % 0 = 0,
+MIN / -1 = MIN, MIN % -1 = 0); shifts (amount taken mod 32); f32 -> i32 / u32
+`cast` (saturating); bool in storage (u32 0 / 1). The legalization writes each
+of these, once, in primitive ops for a renderer that lacks it.
 
 Expressions are hash-consed (the constructors return the same object for the same
 structure), so a repeated sub-expression is one object and the renderer can
@@ -401,18 +410,9 @@ class Decl:
 
 
 @dataclass
-class LocalArray:
-    """A private (per-invocation) array `var name: array<dtype, size>`."""
-    name: str
-    dtype: str
-    size: int
-
-
-@dataclass
 class Assign:
     name: str
     value: Expr
-    index: Expr | None = None  # set to assign one element of a LocalArray
 
 
 @dataclass
@@ -452,19 +452,9 @@ class Barrier:
     """workgroupBarrier(): every invocation of the workgroup must reach it."""
 
 
-@dataclass
-class Return:
-    """Leave the kernel (only before any Barrier, or in uniform control flow)."""
-
-
 def lvar(name: str, dtype: str) -> Expr:
     """Read a local variable or Let binding."""
     return var(name, dtype)
-
-
-def aload(name: str, index, dtype: str) -> Expr:
-    """Read an element of a LocalArray."""
-    return _make("aload", dtype, (as_expr(index, "i32"),), name)
 
 
 # builtins (rendered as WGSL builtins / SPIR-V built-in variables)
@@ -523,7 +513,7 @@ def stmt_exprs(s) -> list[Expr]:
     if isinstance(s, Decl):
         return [s.init] if s.init is not None else []
     if isinstance(s, Assign):
-        return [s.value] + ([s.index] if s.index is not None else [])
+        return [s.value]
     if isinstance(s, (Store, SStore)):
         return [s.index, s.value]
     if isinstance(s, For):
@@ -533,29 +523,33 @@ def stmt_exprs(s) -> list[Expr]:
     return []
 
 
-def subst_stmts(body: list, mapping: dict) -> list:
-    """A copy of `body` with expression nodes replaced by `mapping`."""
-    cache: dict = {}
-    sub = lambda e: None if e is None else substitute(e, mapping, cache)  # noqa: E731
+def map_exprs(body: list, fn) -> list:
+    """A copy of `body` (nested statements too) with every expression `e` replaced by `fn(e)`."""
     out = []
     for s in body:
         if isinstance(s, Let):
-            out.append(Let(s.name, sub(s.value)))
+            out.append(Let(s.name, fn(s.value)))
         elif isinstance(s, Decl):
-            out.append(Decl(s.name, s.dtype, sub(s.init)))
+            out.append(Decl(s.name, s.dtype, None if s.init is None else fn(s.init)))
         elif isinstance(s, Assign):
-            out.append(Assign(s.name, sub(s.value), sub(s.index)))
+            out.append(Assign(s.name, fn(s.value)))
         elif isinstance(s, Store):
-            out.append(Store(s.buf, sub(s.index), sub(s.value)))
+            out.append(Store(s.buf, fn(s.index), fn(s.value)))
         elif isinstance(s, SStore):
-            out.append(SStore(s.name, sub(s.index), sub(s.value)))
+            out.append(SStore(s.name, fn(s.index), fn(s.value)))
         elif isinstance(s, For):
-            out.append(For(s.var, sub(s.start), sub(s.stop), subst_stmts(s.body, mapping), s.step, s.unroll))
+            out.append(For(s.var, fn(s.start), fn(s.stop), map_exprs(s.body, fn), s.step, s.unroll))
         elif isinstance(s, If):
-            out.append(If(sub(s.cond), subst_stmts(s.then, mapping), subst_stmts(s.orelse, mapping)))
+            out.append(If(fn(s.cond), map_exprs(s.then, fn), map_exprs(s.orelse, fn)))
         else:
             out.append(s)
     return out
+
+
+def subst_stmts(body: list, mapping: dict) -> list:
+    """A copy of `body` with expression nodes replaced by `mapping`."""
+    cache: dict = {}
+    return map_exprs(body, lambda e: substitute(e, mapping, cache))
 
 
 def unroll(body: list) -> list:

@@ -1,65 +1,49 @@
-"""Emit a kernel-IR `Kernel` as a SPIR-V 1.3 binary (Vulkan 1.1 compute).
+"""Emit a legalized kernel-IR `Kernel` as a SPIR-V 1.3 binary (Vulkan 1.1 compute).
 
-This walks the very same `kir.Kernel` objects that `wgsl.py` renders (after
-`kir.unroll`), so a kernel is described once (DESIGN.md contract 4). The
-semantics follow the WGSL renderer, which is the reference:
+This walks the very same `kir.Kernel` objects that `wgsl.py` renders, so a
+kernel is described once (DESIGN.md contract 4). SPIR-V natively has none of
+legalize.FEATURES (`SUPPORTS` is empty): the compiler driver runs
+`legalize.legalize(kernel, SUPPORTS)` first, which writes erf, tanh, the NaN/inf
+bit tests, WGSL's total integer division, shift amounts mod 32, saturating
+f32 -> int conversions and bool storage as primitive ops. What is left maps
+op by op:
 
 - every binding is a StorageBuffer `Block struct { T data[]; }` (ArrayStride 4,
-  or 16 for vec4f) at DescriptorSet 0 / Binding slot; bool is stored as u32
-  (loads compare `!= 0`, stores select 1/0);
-- shared arrays are Workgroup variables, `Decl`/`LocalArray`/loop counters are
+  or 16 for vec4f) at DescriptorSet 0 / Binding slot;
+- shared arrays are Workgroup variables, `Decl`s and loop counters are
   Function variables (zero-initialised at their declaration, as WGSL does);
 - builtins are Input variables (GlobalInvocationId, LocalInvocationId,
   WorkgroupId, NumWorkgroups, LocalInvocationIndex);
 - `If`/`For` become structured control flow (OpSelectionMerge / OpLoopMerge),
   `Barrier` is OpControlBarrier(Workgroup, Workgroup, AcquireRelease|WorkgroupMemory);
-- math goes through GLSL.std.450; erf, tanh, isnan and isinf are expanded
-  inline with the formulas of the WGSL helpers (wi_erf, wi_tanh, bit tests);
-- integer `/` and `%` carry WGSL's guarantees (x / 0 = x, x % 0 = 0,
-  i32 MIN / -1 = MIN, MIN % -1 = 0) unless the divisor is a constant that
-  cannot trigger them; shift amounts are taken modulo 32; f32 -> i32 / u32
-  conversions saturate (clamp before convert), as in WGSL.
+- math goes through GLSL.std.450; non-finite f32 constants are OpBitcast of
+  their bits in the entry block (naga's SPIR-V front end rejects them as constants).
 
-A sub-expression is computed once: values without memory reads or mutable
-variables are reused in every block they dominate; the others are reused
-within one statement (as the WGSL renderer binds them with `let`).
+Opcode numbers and the module's encoding (ids, sections, types, constants)
+are in `spirv_module.py`. A sub-expression is computed once: values without
+memory reads or mutable variables are reused in every block they dominate;
+the others are reused within one statement (as the WGSL renderer binds them
+with `let`).
 """
 
 from __future__ import annotations
 
 import math
-import struct
 
 from ..ir import kir
 from ..ir.kir import Expr
+from .spirv_module import (
+    GLSL, SC_FUNCTION, SC_INPUT, SC_STORAGE, SC_WORKGROUP, SCOPE_WORKGROUP, SEM_ACQREL_WGMEM, Module,
+    OpAccessChain, OpBitcast, OpBranch, OpBranchConditional, OpCapability, OpCompositeConstruct,
+    OpCompositeExtract, OpControlBarrier, OpConvertFToS, OpConvertFToU, OpConvertSToF, OpConvertUToF,
+    OpDecorate, OpEntryPoint, OpExecutionMode, OpExtInst, OpExtInstImport, OpFNegate, OpFunction,
+    OpFunctionEnd, OpIEqual, OpINotEqual, OpLabel, OpLoad, OpLogicalAnd, OpLogicalEqual, OpLogicalNot,
+    OpLogicalNotEqual, OpLogicalOr, OpLoopMerge, OpMemoryModel, OpName, OpNot, OpReturn, OpSelect,
+    OpSelectionMerge, OpSNegate, OpStore, OpVariable, f32_bits, string)
 
-MAGIC = 0x07230203
-VERSION_1_3 = 0x00010300
+# legalize.FEATURES this emitter prints natively: none
+SUPPORTS = frozenset()
 
-# opcodes (SPIR-V 1.3 unified spec)
-OpName, OpExtInstImport, OpExtInst, OpMemoryModel, OpEntryPoint = 5, 11, 12, 14, 15
-OpExecutionMode, OpCapability = 16, 17
-OpTypeVoid, OpTypeBool, OpTypeInt, OpTypeFloat, OpTypeVector = 19, 20, 21, 22, 23
-OpTypeArray, OpTypeRuntimeArray, OpTypeStruct, OpTypePointer, OpTypeFunction = 28, 29, 30, 32, 33
-OpConstantTrue, OpConstantFalse, OpConstant, OpConstantNull = 41, 42, 43, 46
-OpFunction, OpFunctionEnd, OpVariable, OpLoad, OpStore, OpAccessChain = 54, 56, 59, 61, 62, 65
-OpDecorate, OpMemberDecorate, OpCompositeConstruct, OpCompositeExtract = 71, 72, 80, 81
-OpConvertFToU, OpConvertFToS, OpConvertSToF, OpConvertUToF, OpBitcast = 109, 110, 111, 112, 124
-OpSNegate, OpFNegate = 126, 127
-OpLogicalEqual, OpLogicalNotEqual, OpLogicalOr, OpLogicalAnd, OpLogicalNot, OpSelect = 164, 165, 166, 167, 168, 169
-OpIEqual, OpINotEqual = 170, 171
-OpNot = 200
-OpControlBarrier, OpLoopMerge, OpSelectionMerge, OpLabel = 224, 246, 247, 248
-OpBranch, OpBranchConditional, OpReturn = 249, 250, 253
-
-# GLSL.std.450 extended instructions
-GLSL = {
-    "roundeven": 2, "trunc": 3, "fabs": 4, "sabs": 5, "fsign": 6, "ssign": 7, "floor": 8, "ceil": 9,
-    "sin": 13, "cos": 14, "tan": 15, "asin": 16, "acos": 17, "atan": 18, "sinh": 19, "cosh": 20,
-    "asinh": 22, "acosh": 23, "atanh": 24, "atan2": 25, "pow": 26, "exp": 27, "log": 28, "exp2": 29,
-    "log2": 30, "sqrt": 31, "rsqrt": 32, "fmin": 37, "umin": 38, "smin": 39, "fmax": 40, "umax": 41,
-    "smax": 42, "fclamp": 43, "uclamp": 44, "sclamp": 45, "fma": 50,
-}
 UNARY_GLSL = {  # kir unary op -> GLSL.std.450 instruction (f32 / vec4f operands)
     "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "floor": "floor", "ceil": "ceil", "round": "roundeven", "trunc": "trunc", "sin": "sin", "cos": "cos",
@@ -77,151 +61,34 @@ BIN = {
     "lt": {"f": 184, "s": 177, "u": 176}, "le": {"f": 188, "s": 179, "u": 178},
     "gt": {"f": 186, "s": 173, "u": 172}, "ge": {"f": 190, "s": 175, "u": 174},
     # WGSL: == is ordered, != is unordered (NaN != NaN)
-    "eq": {"f": 180, "s": 170, "u": 170, "b": OpLogicalEqual},
-    "ne": {"f": 183, "s": 171, "u": 171, "b": OpLogicalNotEqual},
+    "eq": {"f": 180, "s": OpIEqual, "u": OpIEqual, "b": OpLogicalEqual},
+    "ne": {"f": 183, "s": OpINotEqual, "u": OpINotEqual, "b": OpLogicalNotEqual},
     "and": {"b": OpLogicalAnd}, "or": {"b": OpLogicalOr},
 }
 MINMAX = {"min": {"f": "fmin", "s": "smin", "u": "umin"}, "max": {"f": "fmax", "s": "smax", "u": "umax"}}
 CLAMP = {"f": "fclamp", "s": "sclamp", "u": "uclamp"}
 KIND = {"f32": "f", "vec4f": "f", "i32": "s", "u32": "u", "bool": "b"}
-STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32", "vec4f": "vec4f"}
+# (source, result) -> conversion opcode (f32 -> int operands are in range after legalization)
+CONVERT = {("i32", "f32"): OpConvertSToF, ("u32", "f32"): OpConvertUToF, ("f32", "i32"): OpConvertFToS,
+           ("f32", "u32"): OpConvertFToU, ("i32", "u32"): OpBitcast, ("u32", "i32"): OpBitcast}
 
-SC_INPUT, SC_WORKGROUP, SC_FUNCTION, SC_STORAGE = 1, 4, 7, 12
-SCOPE_WORKGROUP = 2
-SEM_ACQREL_WGMEM = 0x8 | 0x100
 BUILTINS = {"gid": 28, "lid": 27, "wid": 26, "nwg": 24, "lindex": 29}
-
-
-def _string(s: str) -> list[int]:
-    b = s.encode("utf-8") + b"\0"
-    b += b"\0" * ((-len(b)) % 4)
-    return list(struct.unpack(f"<{len(b) // 4}I", b))
-
-
-def _f32_bits(v: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", v))[0]
-
-
-class _Module:
-    """Id allocation and the module's sections; types and constants deduplicated."""
-
-    def __init__(self):
-        self.bound = 1
-        self.header: list[int] = []       # capabilities .. execution modes
-        self.debug: list[int] = []
-        self.annotations: list[int] = []
-        self.globals: list[int] = []      # types, constants, global variables
-        self._types: dict = {}
-        self._consts: dict = {}
-
-    def id(self) -> int:
-        i = self.bound
-        self.bound += 1
-        return i
-
-    @staticmethod
-    def ins(out: list, op: int, *operands) -> None:
-        words = []
-        for o in operands:
-            if isinstance(o, (list, tuple)):
-                words.extend(o)
-            else:
-                words.append(o)
-        out.append(((len(words) + 1) << 16) | op)
-        out.extend(words)
-
-    def type(self, key) -> int:
-        """key: 'void' | 'bool' | 'f32' | 'i32' | 'u32' | 'vec4f' | 'bvec4' | 'uvec3' |
-        ('ptr', sc, key) | ('array', key, n) | ('rtarray', key) | ('block', key) | ('fn',)"""
-        got = self._types.get(key)
-        if got is not None:
-            return got
-        if key == "void":
-            i = self.id(); self.ins(self.globals, OpTypeVoid, i)
-        elif key == "bool":
-            i = self.id(); self.ins(self.globals, OpTypeBool, i)
-        elif key == "f32":
-            i = self.id(); self.ins(self.globals, OpTypeFloat, i, 32)
-        elif key == "i32":
-            i = self.id(); self.ins(self.globals, OpTypeInt, i, 32, 1)
-        elif key == "u32":
-            i = self.id(); self.ins(self.globals, OpTypeInt, i, 32, 0)
-        elif key == "vec4f":
-            c = self.type("f32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
-        elif key == "bvec4":
-            c = self.type("bool"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
-        elif key == "uvec3":
-            c = self.type("u32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 3)
-        elif key[0] == "ptr":
-            t = self.type(key[2]); i = self.id(); self.ins(self.globals, OpTypePointer, i, key[1], t)
-        elif key[0] == "array":
-            t = self.type(key[1]); n = self.const(key[2], "u32"); i = self.id()
-            self.ins(self.globals, OpTypeArray, i, t, n)
-        elif key[0] == "rtarray":
-            t = self.type(key[1]); i = self.id()
-            self.ins(self.globals, OpTypeRuntimeArray, i, t)
-            self.ins(self.annotations, OpDecorate, i, 6, 16 if key[1] == "vec4f" else 4)   # ArrayStride
-        elif key[0] == "block":
-            a = self.type(("rtarray", key[1])); i = self.id()
-            self.ins(self.globals, OpTypeStruct, i, a)
-            self.ins(self.annotations, OpDecorate, i, 2)                 # Block
-            self.ins(self.annotations, OpMemberDecorate, i, 0, 35, 0)   # Offset 0
-        elif key[0] == "fn":
-            v = self.type("void"); i = self.id(); self.ins(self.globals, OpTypeFunction, i, v)
-        else:
-            raise ValueError(f"unknown type {key!r}")
-        self._types[key] = i
-        return i
-
-    def const(self, value, dtype: str) -> int:
-        if dtype == "f32":
-            key = ("f32", _f32_bits(value))
-        elif dtype == "bool":
-            key = ("bool", bool(value))
-        else:
-            key = (dtype, int(value) & 0xFFFFFFFF)
-        got = self._consts.get(key)
-        if got is not None:
-            return got
-        t = self.type(dtype)
-        i = self.id()
-        if dtype == "bool":
-            self.ins(self.globals, OpConstantTrue if value else OpConstantFalse, t, i)
-        else:
-            self.ins(self.globals, OpConstant, t, i, key[1])
-        self._consts[key] = i
-        return i
-
-    def null(self, tkey) -> int:
-        key = ("null", tkey)
-        got = self._consts.get(key)
-        if got is None:
-            t = self.type(tkey)
-            got = self.id()
-            self.ins(self.globals, OpConstantNull, t, got)
-            self._consts[key] = got
-        return got
-
-    def binary(self) -> bytes:
-        words = [MAGIC, VERSION_1_3, 0, self.bound, 0] + self.header + self.debug + self.annotations + self.globals
-        return struct.pack(f"<{len(words)}I", *words)
 
 
 class _Emitter:
     def __init__(self, kernel: kir.Kernel):
         self.k = kernel
-        self.m = _Module()
+        self.m = Module()
         self.code: list[int] = []          # function body after the entry block's variables
         self.vars: list[int] = []          # OpVariable (Function) of the entry block
         self.prelude: list[int] = []       # non-finite f32 values, computed first in the entry block
         self.nonfinite: dict = {}
-        self.terminated = False
-        # name scopes: name -> ('let', id, dtype) | ('var', ptr, dtype) | ('arr', ptr, dtype)
+        # name scopes: name -> ('let', id, dtype) | ('var', ptr, dtype)
         self.scopes: list[dict] = [{}]
         self.pure: list[dict] = [{}]       # layered cache of values valid in dominated blocks
         self.stmt_cache: dict = {}         # values valid within the current statement
         self._pure_memo: dict = {}
-        self.mutable = {s.name for s in kir.statements(kernel.body) if isinstance(s, (kir.Decl, kir.LocalArray))}
+        self.mutable = {s.name for s in kir.statements(kernel.body) if isinstance(s, kir.Decl)}
         self.mutable |= {s.var for s in kir.statements(kernel.body) if isinstance(s, kir.For)}
 
     # --- small helpers ------------------------------------------------------
@@ -240,7 +107,7 @@ class _Emitter:
         if dtype == "f32" and not math.isfinite(value):
             # naga's SPIR-V front end rejects non-finite float constants (as the WGSL renderer
             # avoids non-finite literals): bitcast the bits once at the top of the entry block
-            bits = _f32_bits(value)
+            bits = f32_bits(value)
             got = self.nonfinite.get(bits)
             if got is None:
                 got = self.m.id()
@@ -248,15 +115,6 @@ class _Emitter:
                 self.nonfinite[bits] = got
             return got
         return self.m.const(value, dtype)
-
-    def label(self, i: int) -> None:
-        self.op(OpLabel, i)
-        self.terminated = False
-
-    def branch(self, target: int) -> None:
-        if not self.terminated:
-            self.op(OpBranch, target)
-        self.terminated = True
 
     def lookup(self, name: str):
         for s in reversed(self.scopes):
@@ -275,7 +133,7 @@ class _Emitter:
     def is_pure(self, e: Expr) -> bool:
         got = self._pure_memo.get(e)
         if got is None:
-            if e.op in ("load", "sload", "aload"):
+            if e.op in ("load", "sload"):
                 got = False
             elif e.op == "var":
                 got = e.attr not in self.mutable
@@ -294,24 +152,25 @@ class _Emitter:
             m.ins(m.header, OpCapability, 64)  # GroupNonUniformBallot (OpGroupNonUniformBroadcast)
         self.glsl = m.id()
         main = m.id()
+        if any(a.dtype == "bool" for a in k.bindings + k.shared):
+            raise NotImplementedError(f"kernel {k.name}: SPIR-V has no bool storage; "
+                                      "legalize the kernel first (wgsl_codegen/legalize.py)")
         # storage buffers
         self.buffers = {}
         for b in k.bindings:
-            st = STORAGE_TYPE[b.dtype]
-            ptr = m.type(("ptr", SC_STORAGE, ("block", st)))
+            ptr = m.type(("ptr", SC_STORAGE, ("block", b.dtype)))
             v = m.id()
             m.ins(m.globals, OpVariable, ptr, v, SC_STORAGE)
             m.ins(m.annotations, OpDecorate, v, 34, 0)       # DescriptorSet 0
             m.ins(m.annotations, OpDecorate, v, 33, b.slot)  # Binding
-            m.ins(m.debug, OpName, v, _string(b.name))
-            self.buffers[b.name] = (v, b.dtype, st)
+            m.ins(m.debug, OpName, v, string(b.name))
+            self.buffers[b.name] = (v, b.dtype)
         self.shared = {}
         for s in k.shared:
-            st = STORAGE_TYPE[s.dtype]
-            ptr = m.type(("ptr", SC_WORKGROUP, ("array", st, s.size)))
+            ptr = m.type(("ptr", SC_WORKGROUP, ("array", s.dtype, s.size)))
             v = m.id()
             m.ins(m.globals, OpVariable, ptr, v, SC_WORKGROUP)
-            m.ins(m.debug, OpName, v, _string(s.name))
+            m.ins(m.debug, OpName, v, string(s.name))
             self.shared[s.name] = (v, s.dtype)
         interface = []
         builtin_vars = {}
@@ -320,11 +179,10 @@ class _Emitter:
             v = m.id()
             m.ins(m.globals, OpVariable, m.type(("ptr", SC_INPUT, tkey)), v, SC_INPUT)
             m.ins(m.annotations, OpDecorate, v, 11, bi)  # BuiltIn
-            m.ins(m.debug, OpName, v, _string(name))
+            m.ins(m.debug, OpName, v, string(name))
             builtin_vars[name] = (v, tkey)
             interface.append(v)
         # the function body
-        body = kir.unroll(k.body)
         entry = m.id()
         for name, (v, tkey) in builtin_vars.items():
             x = self.val(OpLoad, tkey, v)
@@ -333,9 +191,8 @@ class _Emitter:
             else:
                 for j, comp in enumerate("xyz"):
                     self.scopes[0][f"{name}.{comp}"] = ("let", self.val(OpCompositeExtract, "u32", x, j), "u32")
-        self.stmts(body)
-        if not self.terminated:
-            self.op(OpReturn)
+        self.stmts(k.body)
+        self.op(OpReturn)
         fn_type = m.type(("fn",))
         void = m.type("void")
         function = []
@@ -344,20 +201,18 @@ class _Emitter:
         function += self.vars + self.prelude + self.code
         m.ins(function, OpFunctionEnd)
         # header: capability, ext import, memory model, entry point, execution mode
-        m.ins(m.header, OpExtInstImport, self.glsl, _string("GLSL.std.450"))
+        m.ins(m.header, OpExtInstImport, self.glsl, string("GLSL.std.450"))
         m.ins(m.header, OpMemoryModel, 0, 1)  # Logical GLSL450
-        m.ins(m.header, OpEntryPoint, 5, main, _string("main"), interface)  # GLCompute
+        m.ins(m.header, OpEntryPoint, 5, main, string("main"), interface)  # GLCompute
         wx, wy, wz = (tuple(k.workgroup_size) + (1, 1, 1))[:3]
         m.ins(m.header, OpExecutionMode, main, 17, wx, wy, wz)  # LocalSize
-        m.ins(m.debug, OpName, main, _string("main"))
+        m.ins(m.debug, OpName, main, string("main"))
         m.globals += function
         return m.binary()
 
     # --- statements -----------------------------------------------------------
     def stmts(self, body) -> None:
         for s in body:
-            if self.terminated:
-                return          # code after a return is dead
             self.stmt_cache = {}
             self.stmt(s)
 
@@ -380,30 +235,18 @@ class _Emitter:
             init = self.expr(s.init) if s.init is not None else self.m.null(s.dtype)
             self.op(OpStore, v, init)
             self.scopes[-1][s.name] = ("var", v, s.dtype)
-        elif isinstance(s, kir.LocalArray):
-            tkey = ("array", s.dtype, s.size)
-            v = self.new_var(tkey)
-            self.op(OpStore, v, self.m.null(tkey))
-            self.scopes[-1][s.name] = ("arr", v, s.dtype)
         elif isinstance(s, kir.Assign):
             kind, ptr, dtype = self.lookup(s.name)
-            value = self.expr(s.value)
-            if s.index is not None:
-                ptr = self.val(OpAccessChain, ("ptr", SC_FUNCTION, dtype), ptr, self.expr(s.index))
-            self.op(OpStore, ptr, value)
+            self.op(OpStore, ptr, self.expr(s.value))
         elif isinstance(s, kir.Store):
-            v, dtype, st = self.buffers[s.buf]
+            v, dtype = self.buffers[s.buf]
             value = self.expr(s.value)
-            if dtype == "bool":
-                value = self.val(OpSelect, "u32", value, self.c(1, "u32"), self.c(0, "u32"))
-            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, st), v, self.c(0, "i32"), self.expr(s.index))
+            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, dtype), v, self.c(0, "i32"), self.expr(s.index))
             self.op(OpStore, ptr, value)
         elif isinstance(s, kir.SStore):
             v, dtype = self.shared[s.name]
             value = self.expr(s.value)
-            if dtype == "bool":
-                value = self.val(OpSelect, "u32", value, self.c(1, "u32"), self.c(0, "u32"))
-            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, STORAGE_TYPE[dtype]), v, self.expr(s.index))
+            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, dtype), v, self.expr(s.index))
             self.op(OpStore, ptr, value)
         elif isinstance(s, kir.If):
             self.emit_if(s)
@@ -412,9 +255,6 @@ class _Emitter:
         elif isinstance(s, kir.Barrier):
             sc = self.c(SCOPE_WORKGROUP, "u32")
             self.op(OpControlBarrier, sc, sc, self.c(SEM_ACQREL_WGMEM, "u32"))
-        elif isinstance(s, kir.Return):
-            self.op(OpReturn)
-            self.terminated = True
         else:
             raise TypeError(f"unknown statement {s!r}")
 
@@ -424,26 +264,25 @@ class _Emitter:
         else_l = self.m.id() if s.orelse else merge_l
         self.op(OpSelectionMerge, merge_l, 0)
         self.op(OpBranchConditional, cond, then_l, else_l)
-        self.terminated = True
-        self.label(then_l)
+        self.op(OpLabel, then_l)
         self.push()
         self.stmts(s.then)
         self.pop()
-        self.branch(merge_l)
+        self.op(OpBranch, merge_l)
         if s.orelse:
-            self.label(else_l)
+            self.op(OpLabel, else_l)
             self.push()
             self.stmts(s.orelse)
             self.pop()
-            self.branch(merge_l)
-        self.label(merge_l)
+            self.op(OpBranch, merge_l)
+        self.op(OpLabel, merge_l)
 
     def emit_for(self, s: kir.For) -> None:
         counter = self.new_var("i32")
         self.op(OpStore, counter, self.expr(s.start))
         header, body_l, cont_l, merge_l = (self.m.id() for _ in range(4))
-        self.branch(header)
-        self.label(header)
+        self.op(OpBranch, header)
+        self.op(OpLabel, header)
         self.push()
         self.scopes[-1][s.var] = ("var", counter, "i32")
         self.stmt_cache = {}
@@ -452,19 +291,17 @@ class _Emitter:
         cond = self.val(177, "bool", i, stop)  # OpSLessThan
         self.op(OpLoopMerge, merge_l, cont_l, 0)
         self.op(OpBranchConditional, cond, body_l, merge_l)
-        self.terminated = True
-        self.label(body_l)
+        self.op(OpLabel, body_l)
         self.push()
         self.stmts(s.body)
         self.pop()
-        self.branch(cont_l)
-        self.label(cont_l)
+        self.op(OpBranch, cont_l)
+        self.op(OpLabel, cont_l)
         i = self.val(OpLoad, "i32", counter)
         self.op(OpStore, counter, self.val(128, "i32", i, self.c(s.step, "i32")))  # OpIAdd
         self.op(OpBranch, header)
-        self.terminated = True
         self.pop()
-        self.label(merge_l)
+        self.op(OpLabel, merge_l)
         self.stmt_cache = {}
 
     # --- expressions ----------------------------------------------------------
@@ -494,33 +331,17 @@ class _Emitter:
                 return ref
             return self.val(OpLoad, dtype, ref)
         if op == "load":
-            v, dtype, st = self.buffers[e.attr]
-            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, st), v, self.c(0, "i32"), self.expr(a[0]))
-            x = self.val(OpLoad, st, ptr)
-            return self.val(OpINotEqual, "bool", x, self.c(0, "u32")) if dtype == "bool" else x
+            v, dtype = self.buffers[e.attr]
+            ptr = self.val(OpAccessChain, ("ptr", SC_STORAGE, dtype), v, self.c(0, "i32"), self.expr(a[0]))
+            return self.val(OpLoad, dtype, ptr)
         if op == "sload":
             v, dtype = self.shared[e.attr]
-            st = STORAGE_TYPE[dtype]
-            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, st), v, self.expr(a[0]))
-            x = self.val(OpLoad, st, ptr)
-            return self.val(OpINotEqual, "bool", x, self.c(0, "u32")) if dtype == "bool" else x
-        if op == "aload":
-            kind, ref, dtype = self.lookup(e.attr)
-            ptr = self.val(OpAccessChain, ("ptr", SC_FUNCTION, dtype), ref, self.expr(a[0]))
+            ptr = self.val(OpAccessChain, ("ptr", SC_WORKGROUP, dtype), v, self.expr(a[0]))
             return self.val(OpLoad, dtype, ptr)
-        if op in ("div", "mod") and KIND[t] in "su":
-            return self.int_divmod(e)
         if op in ("min", "max"):
             return self.ext(t, MINMAX[op][KIND[t]], self.expr(a[0]), self.expr(a[1]))
         if op in ("pow", "atan2"):
             return self.ext(t, op, self.expr(a[0]), self.expr(a[1]))
-        if op in ("shl", "shr"):
-            x = self.expr(a[0])
-            if a[1].is_const:
-                n = self.c(int(a[1].attr) & 31, a[1].dtype)
-            else:
-                n = self.val(199, a[1].dtype, self.expr(a[1]), self.c(31, a[1].dtype))  # OpBitwiseAnd
-            return self.val(BIN[op][KIND[a[0].dtype]], t, x, n)
         if op in BIN:
             return self.val(BIN[op][KIND[a[0].dtype]], t, self.expr(a[0]), self.expr(a[1]))
         if op == "neg":
@@ -536,14 +357,6 @@ class _Emitter:
             return self.ext(t, "fsign" if KIND[t] == "f" else "ssign", self.expr(a[0]))
         if op in UNARY_GLSL:
             return self.ext(t, UNARY_GLSL[op], self.expr(a[0]))
-        if op == "tanh":
-            return self.tanh(a[0])
-        if op == "erf":
-            return self.erf(a[0])
-        if op in ("isnan", "isinf"):
-            bits = self.val(OpBitcast, "u32", self.expr(a[0]))
-            mag = self.val(199, "u32", bits, self.c(0x7FFFFFFF, "u32"))
-            return self.val(172 if op == "isnan" else OpIEqual, "bool", mag, self.c(0x7F800000, "u32"))
         if op == "splat":
             x = self.expr(a[0])
             return self.val(OpCompositeConstruct, "vec4f", x, x, x, x)
@@ -558,97 +371,16 @@ class _Emitter:
             if t == "vec4f":
                 cond = self.val(OpCompositeConstruct, "bvec4", cond, cond, cond, cond)
             return self.val(OpSelect, t, cond, self.expr(a[1]), self.expr(a[2]))
-        if op == "cast":
-            return self.cast(a[0], t)
+        if op == "cast" and (a[0].dtype, t) in CONVERT:
+            return self.val(CONVERT[a[0].dtype, t], t, self.expr(a[0]))
         if op == "bitcast":
             return self.val(OpBitcast, t, self.expr(a[0]))
         if op == "fma":
             return self.ext(t, "fma", *[self.expr(x) for x in a])
         if op == "clamp":
             return self.ext(t, CLAMP[KIND[t]], *[self.expr(x) for x in a])
-        raise NotImplementedError(f"kernel {self.k.name}: SPIR-V for {op} ({t}) is not implemented")
-
-    def int_divmod(self, e: Expr) -> int:
-        """WGSL integer / and %: x / 0 = x, x % 0 = 0, MIN / -1 = MIN, MIN % -1 = 0 (divisor taken as 1)."""
-        a, b = e.args
-        t = e.dtype
-        signed = t == "i32"
-        x, y = self.expr(a), self.expr(b)
-        opcode = BIN[e.op][KIND[t]]
-        if b.is_const and b.attr != 0 and not (signed and b.attr == -1):
-            return self.val(opcode, t, x, y)
-        bad = self.val(OpIEqual, "bool", y, self.c(0, t))
-        if signed:
-            at_min = self.val(OpIEqual, "bool", x, self.c(-(1 << 31), t))
-            by_m1 = self.val(OpIEqual, "bool", y, self.c(-1, t))
-            bad = self.val(OpLogicalOr, "bool", bad, self.val(OpLogicalAnd, "bool", at_min, by_m1))
-        y = self.val(OpSelect, t, bad, self.c(1, t), y)
-        return self.val(opcode, t, x, y)
-
-    def cast(self, x: Expr, t: str) -> int:
-        src = x.dtype
-        v = self.expr(x)
-        if t == "bool":
-            zero = self.c(0.0 if src == "f32" else 0, src)
-            return self.val(183 if src == "f32" else OpINotEqual, "bool", v, zero)  # WGSL x != 0
-        if src == "bool":
-            one, zero = (1.0, 0.0) if t == "f32" else (1, 0)
-            return self.val(OpSelect, t, v, self.c(one, t), self.c(zero, t))
-        if t == "f32":
-            return self.val(OpConvertSToF if src == "i32" else OpConvertUToF, "f32", v)
-        if src == "f32":   # saturating, as WGSL
-            if t == "i32":
-                v = self.ext("f32", "fclamp", v, self.c(-2147483648.0, "f32"), self.c(2147483520.0, "f32"))
-                return self.val(OpConvertFToS, "i32", v)
-            v = self.ext("f32", "fclamp", v, self.c(0.0, "f32"), self.c(4294967040.0, "f32"))
-            return self.val(OpConvertFToU, "u32", v)
-        return self.val(OpBitcast, t, v)   # i32 <-> u32
-
-    # the WGSL helpers, instruction by instruction
-    def tanh(self, xe: Expr) -> int:
-        """wi_tanh: c = clamp(x, -9, 9); e = exp(2c); select((e-1)/(e+1), x, isnan(x))."""
-        t = xe.dtype
-        x = self.expr(xe)
-        cf = lambda v: self.splat_const(v, t)  # noqa: E731
-        c = self.ext(t, "fclamp", x, cf(-9.0), cf(9.0))
-        ex = self.ext(t, "exp", self.val(133, t, cf(2.0), c))
-        r = self.val(136, t, self.val(131, t, ex, cf(1.0)), self.val(129, t, ex, cf(1.0)))
-        nan = self.isnan_of(x, t)
-        return self.val(OpSelect, t, nan, x, r)
-
-    def erf(self, xe: Expr) -> int:
-        """wi_erf: Abramowitz & Stegun 7.1.26, odd extension."""
-        t = xe.dtype
-        x = self.expr(xe)
-        cf = lambda v: self.splat_const(v, t)  # noqa: E731
-        mul = lambda p, q: self.val(133, t, p, q)  # noqa: E731
-        add = lambda p, q: self.val(129, t, p, q)  # noqa: E731
-        sub = lambda p, q: self.val(131, t, p, q)  # noqa: E731
-        a = self.ext(t, "fabs", x)
-        tt = self.val(136, t, cf(1.0), add(cf(1.0), mul(cf(0.3275911), a)))
-        p = sub(mul(cf(1.061405429), tt), cf(1.453152027))
-        p = add(mul(p, tt), cf(1.421413741))
-        p = sub(mul(p, tt), cf(0.284496736))
-        p = add(mul(p, tt), cf(0.254829592))
-        p = mul(p, tt)
-        na = self.val(OpFNegate, t, a)
-        p = mul(p, self.ext(t, "exp", mul(na, a)))
-        y = sub(cf(1.0), p)
-        ge = self.val(190, "bool" if t == "f32" else "bvec4", x, cf(0.0))  # OpFOrdGreaterThanEqual
-        return self.val(OpSelect, t, ge, y, self.val(OpFNegate, t, y))
-
-    def isnan_of(self, x: int, t: str) -> int:
-        if t == "vec4f":
-            raise NotImplementedError("isnan of vec4f")
-        bits = self.val(OpBitcast, "u32", x)
-        mag = self.val(199, "u32", bits, self.c(0x7FFFFFFF, "u32"))
-        return self.val(172, "bool", mag, self.c(0x7F800000, "u32"))
-
-    def splat_const(self, v: float, t: str) -> int:
-        c = self.c(v, "f32")
-        if t == "f32":
-            return c
-        raise NotImplementedError("vec4f math helpers")
+        raise NotImplementedError(f"kernel {self.k.name}: SPIR-V has no {op} ({t}); "
+                                  "legalize the kernel first (wgsl_codegen/legalize.py)")
 
 
 def emit(kernel: kir.Kernel) -> bytes:

@@ -1,9 +1,13 @@
-"""Render a kernel-IR `Kernel` to WGSL text.
+"""Render a legalized kernel-IR `Kernel` to WGSL text.
 
 The rendering is mechanical: type maps and operator tables are data, and a
 sub-expression used more than once within a statement is bound once with
 `let`. Anything clever (tiling, vectorization) was decided before this point
-and is already in the kernel's structure.
+and is already in the kernel's structure; what WGSL lacks (erf, NaN tests,
+bool in storage, ...) was rewritten by `legalize.legalize(kernel, SUPPORTS)`,
+which the compiler driver runs first. The few rules that are about printing
+only stay here: non-finite and subnormal literals, `u32` shift amounts, and
+a division of two constants kept from naga's constant folding.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import struct
 from ..ir import kir
 from ..ir.kir import Expr
 
-STORAGE_TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "u32", "vec4f": "vec4<f32>"}
+# legalize.FEATURES that WGSL itself guarantees (integer division, shifts and f32 -> int
+# conversions are defined for every operand; i32(b) / f32(b) convert a bool)
+SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cast_from_bool"})
+
+TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "vec4f": "vec4<f32>"}
 
 INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%",
@@ -30,29 +38,12 @@ BUILTIN_CALL = {
     "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
     "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
     "min": "min", "max": "max", "pow": "pow", "atan2": "atan2", "clamp": "clamp", "fma": "fma",
-    "tanh": "wi_tanh", "erf": "wi_erf",
 }
 
-# Helpers emitted only when a kernel uses them.
-HELPERS = {
-    "wi_f32": """fn wi_f32(bits: u32) -> f32 {
+# Emitted only when a kernel has a non-finite f32 constant (see f32_literal).
+WI_F32 = """fn wi_f32(bits: u32) -> f32 {
   return bitcast<f32>(bits);
-}""",
-    # Abramowitz & Stegun 7.1.26 has 1.5e-7 absolute error; erf is odd.
-    "wi_erf": """fn wi_erf(x: f32) -> f32 {
-  let a = abs(x);
-  let t = 1.0 / (1.0 + 0.3275911 * a);
-  let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-a * a);
-  return select(-y, y, x >= 0.0);
-}""",
-    # tanh through exp of a clamped argument: exact in f32 for |x| > 9 and
-    # free of the inf/inf a naive formula gives; NaN passes through.
-    "wi_tanh": """fn wi_tanh(x: f32) -> f32 {
-  let c = clamp(x, -9.0, 9.0);
-  let e = exp(2.0 * c);
-  return select((e - 1.0) / (e + 1.0), x, (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u);
-}""",
-}
+}"""
 
 
 def f32_literal(v: float) -> str:
@@ -88,8 +79,7 @@ def literal(e: Expr) -> str:
 class _Renderer:
     def __init__(self, kernel: kir.Kernel):
         self.k = kernel
-        self.storage = {b.name: b for b in kernel.bindings}
-        self.helpers: set[str] = set()
+        self.uses_wi_f32 = False
         self.tmp = 0
         self.lines: list[str] = []
 
@@ -101,16 +91,11 @@ class _Renderer:
         op, a = e.op, e.args
         if op == "const":
             text = literal(e)
-            if text.startswith("wi_f32"):
-                self.helpers.add("wi_f32")
+            self.uses_wi_f32 |= text.startswith("wi_f32")
             return text
         if op == "var":
             return e.attr
-        if op == "load":
-            b = self.storage[e.attr]
-            text = f"{e.attr}[{self.expr(a[0], names)}]"
-            return f"({text} != 0u)" if b.dtype == "bool" else text
-        if op == "sload" or op == "aload":
+        if op in ("load", "sload"):
             return f"{e.attr}[{self.expr(a[0], names)}]"
         if op in INFIX:
             lhs, rhs = self.expr(a[0], names), self.expr(a[1], names)
@@ -121,9 +106,6 @@ class _Renderer:
             return f"({lhs} {INFIX[op]} {rhs})"
         if op in PREFIX:
             return f"({PREFIX[op]}{self.expr(a[0], names)})"
-        if op in ("isnan", "isinf"):   # on the bits: WGSL may assume no NaN/inf in float compares
-            cmp = ">" if op == "isnan" else "=="
-            return f"((bitcast<u32>({self.expr(a[0], names)}) & 0x7fffffffu) {cmp} 0x7f800000u)"
         if op == "splat":
             return f"vec4<f32>({self.expr(a[0], names)})"
         if op == "lane":
@@ -136,17 +118,13 @@ class _Renderer:
             c, t, f = (self.expr(x, names) for x in a)
             return f"select({f}, {t}, {c})"
         if op == "cast":
-            x = self.expr(a[0], names)
-            if e.dtype == "bool":
-                zero = {"f32": "0.0f", "i32": "0i", "u32": "0u"}[a[0].dtype]
-                return f"({x} != {zero})"
-            return f"{STORAGE_TYPE[e.dtype]}({x})"
+            return f"{TYPE[e.dtype]}({self.expr(a[0], names)})"
         if op == "bitcast":
             return f"bitcast<{e.dtype}>({self.expr(a[0], names)})"
-        fn = BUILTIN_CALL[op]
-        if fn in HELPERS:
-            self.helpers.add(fn)
-        return f"{fn}({', '.join(self.expr(x, names) for x in a)})"
+        if op not in BUILTIN_CALL:
+            raise NotImplementedError(f"kernel {self.k.name}: WGSL has no {op} ({e.dtype}); "
+                                      "legalize the kernel first (wgsl_codegen/legalize.py)")
+        return f"{BUILTIN_CALL[op]}({', '.join(self.expr(x, names) for x in a)})"
 
     def bind_common(self, exprs: list[Expr], indent: str) -> dict:
         """Emit `let` for sub-expressions used more than once in `exprs`."""
@@ -189,18 +167,11 @@ class _Renderer:
                 self.lines.append(f"{ind}let {s.name} = {x(s.value)};")
             elif isinstance(s, kir.Decl):
                 init = f" = {x(s.init)}" if s.init is not None else ""
-                self.lines.append(f"{ind}var {s.name}: {STORAGE_TYPE[s.dtype] if s.dtype != 'bool' else 'bool'}{init};")
-            elif isinstance(s, kir.LocalArray):
-                self.lines.append(f"{ind}var {s.name}: array<{s.dtype}, {s.size}>;")
+                self.lines.append(f"{ind}var {s.name}: {TYPE[s.dtype]}{init};")
             elif isinstance(s, kir.Assign):
-                target = s.name if s.index is None else f"{s.name}[{x(s.index)}]"
-                self.lines.append(f"{ind}{target} = {x(s.value)};")
+                self.lines.append(f"{ind}{s.name} = {x(s.value)};")
             elif isinstance(s, kir.Store):
-                b = self.storage[s.buf]
-                v = x(s.value)
-                if b.dtype == "bool":
-                    v = f"select(0u, 1u, {v})"
-                self.lines.append(f"{ind}{s.buf}[{x(s.index)}] = {v};")
+                self.lines.append(f"{ind}{s.buf}[{x(s.index)}] = {x(s.value)};")
             elif isinstance(s, kir.SStore):
                 self.lines.append(f"{ind}{s.name}[{x(s.index)}] = {x(s.value)};")
             elif isinstance(s, kir.For):
@@ -217,8 +188,6 @@ class _Renderer:
                 self.lines.append(f"{ind}}}")
             elif isinstance(s, kir.Barrier):
                 self.lines.append(f"{ind}workgroupBarrier();")
-            elif isinstance(s, kir.Return):
-                self.lines.append(f"{ind}return;")
             else:
                 raise TypeError(f"unknown statement {s!r}")
 
@@ -231,17 +200,19 @@ def _postorder(roots: list[Expr]):
 
 
 def render(kernel: kir.Kernel) -> str:
-    """WGSL source of `kernel`, entry point `main`."""
-    body = kir.unroll(kernel.body)
+    """WGSL source of `kernel` (legalized for SUPPORTS), entry point `main`."""
+    if any(a.dtype == "bool" for a in kernel.bindings + kernel.shared):
+        raise NotImplementedError(f"kernel {kernel.name}: WGSL has no bool storage; "
+                                  "legalize the kernel first (wgsl_codegen/legalize.py)")
     r = _Renderer(kernel)
-    r.stmts(body, 1)
+    r.stmts(kernel.body, 1)
     head = [f"// webiree kernel {kernel.name}"]
     for b in kernel.bindings:
-        head.append(f"@group(0) @binding({b.slot}) var<storage, read_write> {b.name}: array<{STORAGE_TYPE[b.dtype]}>;")
+        head.append(f"@group(0) @binding({b.slot}) var<storage, read_write> {b.name}: array<{TYPE[b.dtype]}>;")
     for s in kernel.shared:
-        head.append(f"var<workgroup> {s.name}: array<{STORAGE_TYPE[s.dtype]}, {s.size}>;")
-    for h in sorted(r.helpers):
-        head.append(HELPERS[h])
+        head.append(f"var<workgroup> {s.name}: array<{TYPE[s.dtype]}, {s.size}>;")
+    if r.uses_wi_f32:
+        head.append(WI_F32)
     x, y, z = kernel.workgroup_size
     head.append(f"@compute @workgroup_size({x}, {y}, {z})")
     head.append("fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,"
