@@ -258,23 +258,23 @@ class _Emitter:
         else:
             raise TypeError(f"unknown statement {s!r}")
 
+    def block(self, label: int, stmts: list, to: int) -> None:
+        """A labelled block: the statements in a scope of their own, then a branch to `to`."""
+        self.op(OpLabel, label)
+        self.push()
+        self.stmts(stmts)
+        self.pop()
+        self.op(OpBranch, to)
+
     def emit_if(self, s: kir.If) -> None:
         cond = self.expr(s.cond)
         then_l, merge_l = self.m.id(), self.m.id()
         else_l = self.m.id() if s.orelse else merge_l
         self.op(OpSelectionMerge, merge_l, 0)
         self.op(OpBranchConditional, cond, then_l, else_l)
-        self.op(OpLabel, then_l)
-        self.push()
-        self.stmts(s.then)
-        self.pop()
-        self.op(OpBranch, merge_l)
+        self.block(then_l, s.then, merge_l)
         if s.orelse:
-            self.op(OpLabel, else_l)
-            self.push()
-            self.stmts(s.orelse)
-            self.pop()
-            self.op(OpBranch, merge_l)
+            self.block(else_l, s.orelse, merge_l)
         self.op(OpLabel, merge_l)
 
     def emit_for(self, s: kir.For) -> None:
@@ -291,11 +291,7 @@ class _Emitter:
         cond = self.val(177, "bool", i, stop)  # OpSLessThan
         self.op(OpLoopMerge, merge_l, cont_l, 0)
         self.op(OpBranchConditional, cond, body_l, merge_l)
-        self.op(OpLabel, body_l)
-        self.push()
-        self.stmts(s.body)
-        self.pop()
-        self.op(OpBranch, cont_l)
+        self.block(body_l, s.body, cont_l)
         self.op(OpLabel, cont_l)
         i = self.val(OpLoad, "i32", counter)
         self.op(OpStore, counter, self.val(128, "i32", i, self.c(s.step, "i32")))  # OpIAdd
