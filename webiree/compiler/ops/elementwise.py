@@ -85,7 +85,8 @@ def _given(attrs: dict, *names) -> dict:
     return {n: attrs[n] for n in names if n in attrs}
 
 
-def _gelu(x: Expr, approximate: str) -> Expr:
+def gelu(x: Expr, approximate: str = "none") -> Expr:
+    """0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation (`approximate="tanh"`)."""
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + kir.unary("tanh", inner))
@@ -128,7 +129,7 @@ def _unary_rules():
             f32(0.0), a.get("alpha", 1.0) * (u("exp", x / a.get("alpha", 1.0)) - 1.0))),
         "Shrink": lambda x, a: select(x < -a.get("lambd", 0.5), x + a.get("bias", 0.0),
                                       select(x > a.get("lambd", 0.5), x - a.get("bias", 0.0), f32(0.0))),
-        "Gelu": lambda x, a: _gelu(x, a.get("approximate", "none")),
+        "Gelu": lambda x, a: gelu(x, a.get("approximate", "none")),
         "Mish": lambda x, a: x * tanh(softplus(x)),
         "Identity": lambda x, a: x,
     }
