@@ -101,3 +101,88 @@ def test_activation_feeds_matmul_epilogue(check):
     inits = rng_inits(w=[16, 32], b=[32])
     check(ms_model([helper.make_node("MatMul", ["x", "w"], ["h"]), node("FastGelu", ["h", "b"], ["y"])],
                    [("x", [2, 4, 16])], [("y", [2, 4, 32])], inits))
+
+
+# --- normalizations ---------------------------------------------------------------
+
+SKIP_OUTS = {"all": ["y", "mean", "inv", "sum"], "output": ["y"], "sum": ["y", "", "", "sum"],
+             "inv": ["y", "", "inv"]}
+
+
+def _stat_shape(shape):
+    return list(shape[:-1]) + [1]
+
+
+@pytest.mark.parametrize("params", ["gamma", "gamma_beta", "gamma_beta_bias", "gamma_bias"])
+@pytest.mark.parametrize("outs", list(SKIP_OUTS))
+def test_skip_layer_norm(check, params, outs):
+    h, shape = 32, [2, 5, 32]
+    names = ["x", "s", "gamma", "beta" if "beta" in params else "", "bias" if "bias" in params else ""]
+    while not names[-1]:
+        names.pop()
+    inits = rng_inits(gamma=[h], beta=[h], bias=[h])
+    inits = {k: v for k, v in inits.items() if k in names}
+    o = SKIP_OUTS[outs]
+    shapes = {"y": shape, "mean": _stat_shape(shape), "inv": _stat_shape(shape), "sum": shape}
+    check(ms_model([node("SkipLayerNormalization", names, o, epsilon=1e-5)], [("x", shape), ("s", shape)],
+                   [(n, shapes[n]) for n in o if n], inits), elementwise=True)
+
+
+@pytest.mark.parametrize("skip_shape", [[5, 16], [1, 5, 16]])
+def test_skip_layer_norm_broadcast_skip(check, skip_shape):
+    check(ms_model([node("SkipLayerNormalization", ["x", "s", "gamma", "beta"], ["y", "", "", "sum"])],
+                   [("x", [3, 5, 16]), ("s", skip_shape)], [("y", [3, 5, 16]), ("sum", [3, 5, 16])],
+                   rng_inits(gamma=[16], beta=[16])), elementwise=True)
+
+
+def test_skip_layer_norm_2d_default_epsilon(check):
+    check(ms_model([node("SkipLayerNormalization", ["x", "s", "gamma"], ["y"])], [("x", [6, 24]), ("s", [6, 24])],
+                   [("y", [6, 24])], rng_inits(gamma=[24])), elementwise=True)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("outs", [["y"], ["y", "", "inv", "sum"], ["y", "", "", "sum"]])
+def test_skip_simplified_layer_norm(check, bias, outs):
+    shape = [2, 7, 32]
+    shapes = {"y": shape, "inv": _stat_shape(shape), "sum": shape}
+    names = ["x", "s", "gamma"] + (["bias"] if bias else [])
+    check(ms_model([node("SkipSimplifiedLayerNormalization", names, outs, epsilon=1e-6)],
+                   [("x", shape), ("s", shape)], [(n, shapes[n]) for n in outs if n],
+                   rng_inits(gamma=[32], bias=[32])), elementwise=True)
+
+
+def test_skip_simplified_mean_output_refused(tmp_path):
+    m = ms_model([node("SkipSimplifiedLayerNormalization", ["x", "s", "gamma"], ["y", "mean"])],
+                 [("x", [2, 3, 8]), ("s", [2, 3, 8])], [("y", [2, 3, 8]), ("mean", [2, 3, 1])],
+                 rng_inits(gamma=[8]))
+    refused(m, tmp_path, "skipsimplifiedlayernormalization_node", "mean output")
+
+
+@pytest.mark.parametrize("axis,inv", [(-1, False), (-1, True), (1, True)])
+def test_simplified_layer_norm(check, axis, inv):
+    shape = [2, 6, 16]
+    scale_shape = shape[axis:]
+    outs = ["y", "inv"] if inv else ["y"]
+    stat = shape[:axis % 3] + [1] * (3 - axis % 3)
+    check(ms_model([node("SimplifiedLayerNormalization", ["x", "scale"], outs, domain="", axis=axis, epsilon=1e-6)],
+                   [("x", shape)], [("y", shape)] + ([("inv", stat)] if inv else []),
+                   rng_inits(scale=scale_shape)), elementwise=True)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("outs", [["y", "mean", "inv"], ["y", "", "inv"], ["y", "mean"]])
+def test_layer_norm_statistics(check, opset, outs):
+    """LayerNormalization's Mean/InvStdDev outputs, and the default-domain op onnxruntime accepts
+    before opset 17."""
+    shape, stat = [3, 4, 16], [3, 1, 1]
+    shapes = {"y": shape, "mean": stat, "inv": stat}
+    check(ms_model([node("LayerNormalization", ["x", "scale", "b"], outs, domain="", axis=1)],
+                   [("x", shape)], [(n, shapes[n]) for n in outs if n], rng_inits(scale=[4, 16], b=[4, 16]),
+                   opset=opset), elementwise=True)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "SimplifiedLayerNormalization"])
+def test_stash_type_refused(tmp_path, op):
+    m = ms_model([node(op, ["x", "scale"], ["y"], domain="", stash_type=11)], [("x", [2, 8])], [("y", [2, 8])],
+                 rng_inits(scale=[8]))
+    refused(m, tmp_path, f"{op.lower()}_node", "stash_type=11")

@@ -174,11 +174,41 @@ def sort_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+ORT_DEFAULT_DOMAIN = "webiree.onnxruntime_default"   # see _as_checked
+
+
+def _as_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as ONNX's checker and shape inference should see it: a default-domain node that
+    ONNX does not define at the model's opset but webiree has a handler for is one of the ops
+    onnxruntime defines in the default domain (SimplifiedLayerNormalization, LayerNormalization
+    before opset 17); it is checked as a custom-domain op. (The graph keeps its own domain.)"""
+    from .ops.registry import OPS
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    moved = []
+    for i, n in enumerate(proto.graph.node):
+        if opset is None or n.domain not in ("", "ai.onnx") or n.op_type not in OPS:
+            continue
+        try:
+            onnx.defs.get_schema(n.op_type, opset, "")
+        except Exception:   # SchemaError: ONNX has no such op at this opset
+            moved.append(i)
+    if not moved:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for i in moved:
+        out.graph.node[i].domain = ORT_DEFAULT_DOMAIN
+    out.opset_import.append(helper.make_opsetid(ORT_DEFAULT_DOMAIN, 1))
+    return out
+
+
 def import_model(model, input_shapes: dict | None = None) -> Graph:
     proto = sort_nodes(load_model_proto(model))
     input_shapes = dict(input_shapes or {})
+    checked = _as_checked(proto)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(checked)
     except Exception as e:
         raise ModelError(f"the model is not valid ONNX: {str(e).splitlines()[0][:300]}",
                          hint="re-export the model, or run onnx.checker.check_model to see the problem") from None
@@ -252,11 +282,11 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
 
     try:
         # strict first: it reports type errors (an Add of float and int64, bool Gather indices)
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(checked, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
         _raise_type_error(str(e))
         try:
-            inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(checked, check_type=False, strict_mode=False, data_prop=True)
         except Exception:
             inferred = proto  # our own shape rules still run during lowering
     types: dict[str, TensorType] = {}

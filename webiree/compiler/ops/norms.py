@@ -7,9 +7,10 @@ scale and shift (folded at compile time when its statistics are constants);
 training BatchNormalization and LpNormalization reduce, then divide; LRN is a
 Generic summing its channel window.
 
-RMSNormalization, GroupNormalization, MeanVarianceNormalization and the
-LayerNormalization variants without a handler (its Mean/InvStdDev outputs)
-lower through their ONNX function bodies (see expand.py).
+LayerNormalization's Mean/InvStdDev outputs, when the graph uses them, are
+reductions beside the anchor. RMSNormalization, GroupNormalization and
+MeanVarianceNormalization lower through their ONNX function bodies (see
+expand.py); onnxruntime's own normalizations are contrib_norms.py's.
 """
 
 from __future__ import annotations
@@ -96,27 +97,54 @@ def instance_norm(ctx, node):
 
 @register("LayerNormalization")
 def layernorm(ctx, node):
+    """ONNX's (opset 17) and onnxruntime's default-domain LayerNormalization of earlier opsets alike."""
     x, scale = node.inputs[0], node.inputs[1]
-    bias = node.input(2)
     s = ctx.shape(x)
-    axis = norm_axis(node.attr("axis", -1), len(s))
-    if len([o for o in node.outputs if o]) > 1:
-        raise Unsupported("LayerNormalization Mean/InvStdDev outputs")
     require_float(ctx, node, x)
+    check_stash_type(node)
+    outs = list(node.outputs) + ["", ""]
+    emit_layer_norm(ctx, x, scale, node.input(2), norm_axis(node.attr("axis", -1), len(s)),
+                    float(node.attr("epsilon", 1e-5)), outs[0], mean_out=outs[1], inv_out=outs[2])
+
+
+def check_stash_type(node):
+    """The statistics are computed in float32: stash_type 1 (float), its default."""
+    st = node.attr("stash_type", 1)
+    if st != 1:
+        raise Unsupported(f"stash_type={st} (webiree computes the statistics in float32: stash_type=1)")
+
+
+def emit_layer_norm(ctx, x, scale, bias, axis, eps, out, mean_out="", inv_out=""):
+    """out = (x - mean) / sqrt(var + eps) * scale (+ bias) over dims [axis, rank) through the
+    LayerNorm anchor; scale and bias broadcast to those dims. mean_out and inv_out (when named)
+    get the statistics, 1/sqrt(var + eps) for inv_out, with the normalized dims kept as 1."""
+    s = ctx.shape(x)
     outer, r, _ = split3(s, axis, len(s))
+    rs = s[axis:]
     if int(np.prod(ctx.shape(scale))) != r or (bias and int(np.prod(ctx.shape(bias))) != r):
         scale_b = ctx.temp("scale")
-        rs = s[axis:]
         ctx.generic(scale_b, rs, "f32", lambda cs: ctx.read_bcast(scale, rs, cs))
         scale = scale_b
         if bias:
             bias_b = ctx.temp("bias")
             ctx.generic(bias_b, rs, "f32", lambda cs: ctx.read_bcast(bias, rs, cs))
             bias = bias_b
-    op = LayerNorm(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
-                   scale=ctx.buffer(scale), bias=ctx.buffer(bias) if bias else "", outer=outer, r=r,
-                   eps=float(node.attr("epsilon", 1e-5)))
+    op = LayerNorm(name=ctx.node.name, out=out, nodes=[ctx.node.name], x=ctx.buffer(x),
+                   scale=ctx.buffer(scale), bias=ctx.buffer(bias) if bias else "", outer=outer, r=r, eps=eps)
     ctx.anchor(op, s)
+    if not (mean_out or inv_out):
+        return
+    axes = list(range(axis, len(s)))
+    kept = list(s[:axis]) + [1] * len(rs)
+    at = lambda cs: cs[:axis] + [kir.i32(0)] * len(rs)   # noqa: E731  (the statistic of this row)
+    mean = emit_reduce(ctx, x, axes, "mean")
+    if mean_out:
+        ctx.view(mean_out, mean, kept)
+    if inv_out:
+        sq = ctx.temp("centered_sq")
+        ctx.generic(sq, s, "f32", lambda cs: (lambda d: d * d)(ctx.read(x, cs) - ctx.read(mean, at(cs))))
+        var = emit_reduce(ctx, sq, axes, "mean")
+        ctx.generic(inv_out, kept, "f32", lambda cs: kir.unary("rsqrt", ctx.read(var, cs) + eps))
 
 
 @register("LpNormalization")
