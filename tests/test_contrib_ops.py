@@ -186,3 +186,67 @@ def test_stash_type_refused(tmp_path, op):
     m = ms_model([node(op, ["x", "scale"], ["y"], domain="", stash_type=11)], [("x", [2, 8])], [("y", [2, 8])],
                  rng_inits(scale=[8]))
     refused(m, tmp_path, f"{op.lower()}_node", "stash_type=11")
+
+
+# --- fused ops --------------------------------------------------------------------
+
+@pytest.mark.parametrize("ta,tb,alpha", [(0, 0, None), (1, 0, 0.5), (0, 1, 2.0), (1, 1, -1.0)])
+@pytest.mark.parametrize("shapes", ["2d", "batched", "broadcast_b"])
+def test_fused_matmul(check, ta, tb, alpha, shapes):
+    m, k, n = 5, 8, 6
+    batch_a, batch_b = {"2d": ([], []), "batched": ([2, 3], [2, 3]), "broadcast_b": ([2, 3], [])}[shapes]
+    sa = batch_a + ([k, m] if ta else [m, k])
+    sb = batch_b + ([n, k] if tb else [k, n])
+    attrs = {"transA": ta, "transB": tb} | ({} if alpha is None else {"alpha": alpha})
+    check(ms_model([node("FusedMatMul", ["a", "b"], ["y"], **attrs)], [("a", sa), ("b", sb)],
+                   [("y", batch_a + [m, n])]))
+
+
+@pytest.mark.parametrize("tba,tbb,ta,tb", [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 1), (1, 0, 1, 0)])
+def test_fused_matmul_trans_batch(check, tba, tbb, ta, tb):
+    """transBatchA/B: the stored operand's first dim sits behind its batch dims."""
+    m, k, n = 4, 5, 6
+
+    def stored(batch, rows, cols, tbatch, t):
+        logical = batch + ([cols, rows] if t else [rows, cols])
+        return logical[-2:-1] + logical[:-2] + logical[-1:] if tbatch else logical
+    sa, sb = stored([2, 3], m, k, tba, ta), stored([2, 3], k, n, tbb, tb)
+    check(ms_model([node("FusedMatMul", ["a", "b"], ["y"], transA=ta, transB=tb, transBatchA=tba,
+                         transBatchB=tbb)], [("a", sa), ("b", sb)], [("y", [2, 3, m, n])]))
+
+
+CONV_ACTS = [("", None), ("Relu", None), ("Tanh", None), ("Sigmoid", None), ("LeakyRelu", [0.2]),
+             ("Clip", [-0.5, 0.7]), ("HardSigmoid", [0.3, 0.4]), ("HardSwish", None)]
+
+
+@pytest.mark.parametrize("act,params", CONV_ACTS)
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("with_z", [False, True])
+def test_fused_conv(check, act, params, kernel, with_z):
+    attrs = ({"activation": act} if act else {}) | ({"activation_params": params} if params else {})
+    pads = [kernel // 2] * 4
+    ins = [("x", [1, 3, 6, 6])] + ([("z", [1, 4, 6, 6])] if with_z else [])
+    names = ["x", "w", "b"] + (["z"] if with_z else [])
+    check(ms_model([node("FusedConv", names, ["y"], pads=pads, **attrs)], ins, [("y", [1, 4, 6, 6])],
+                   rng_inits(w=[4, 3, kernel, kernel], b=[4])))
+
+
+def test_fused_conv_no_bias_strided(check):
+    check(ms_model([node("FusedConv", ["x", "w"], ["y"], strides=[2, 2], activation="Relu")],
+                   [("x", [2, 3, 9, 9])], [("y", [2, 4, 4, 4])], rng_inits(w=[4, 3, 3, 3])))
+
+
+@pytest.mark.parametrize("attrs,words", [
+    ({"activation": "Gelu"}, ["activation='Gelu'"]),
+    ({"activation": "LeakyRelu"}, ["activation_params=[]", "LeakyRelu takes 1"]),
+])
+def test_fused_conv_refused(tmp_path, attrs, words):
+    m = ms_model([node("FusedConv", ["x", "w"], ["y"], **attrs)], [("x", [1, 3, 5, 5])], [("y", [1, 4, 5, 5])],
+                 rng_inits(w=[4, 3, 1, 1]))
+    refused(m, tmp_path, "fusedconv_node", *words)
+
+
+def test_fused_matmul_refused(tmp_path):
+    m = ms_model([node("FusedMatMul", ["a", "b"], ["y"], transBatchA=1)], [("a", [4, 5]), ("b", [5, 6])],
+                 [("y", [4, 6])])
+    refused(m, tmp_path, "fusedmatmul_node", "transBatchA=1")

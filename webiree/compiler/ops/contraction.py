@@ -20,31 +20,40 @@ from .loops import emit_loop, unflatten
 @register("MatMul")
 def matmul(ctx, node):
     a, b = node.inputs[0], node.inputs[1]
+    emit_matmul(ctx, node, a, b, node.outputs[0])
+
+
+def emit_matmul(ctx, node, a, b, out, trans_a=False, trans_b=False, alpha=1.0):
+    """out = alpha * op(a) @ op(b) with numpy's matmul broadcasting, op transposing the last two
+    dims where asked (the stored matrix is then [.., K, M] / [.., N, K]); a 1-D operand is a vector."""
     sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
     if ctx.dtype(a) != "f32" or ctx.dtype(b) != "f32":
-        raise Unsupported("MatMul on integer tensors")
+        raise Unsupported(f"{node.op} on integer tensors")
     if not sa or not sb:
-        raise ShapeError("MatMul of a scalar")
+        raise ShapeError(f"{node.op} of a scalar")
     va, vb = len(sa) == 1, len(sb) == 1
+    if (va and trans_a) or (vb and trans_b):
+        raise Unsupported(f"{node.op} transposing a 1-D operand")
     if va:
         sa = [1] + sa
     if vb:
         sb = sb + [1]
-    m, k = sa[-2], sa[-1]
-    k2, n = sb[-2], sb[-1]
+    m, k = (sa[-1], sa[-2]) if trans_a else (sa[-2], sa[-1])
+    k2, n = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
     if k != k2:
-        raise ShapeError(f"MatMul inner dims differ: {ctx.shape(a)} @ {ctx.shape(b)}")
+        raise ShapeError(f"{node.op} inner dims differ: {ctx.shape(a)} @ {ctx.shape(b)}")
     a_batch, b_batch = tuple(sa[:-2]), tuple(sb[:-2])
     batch = broadcast_shapes(a_batch, b_batch)
     out_shape = list(batch) + [m, n]
     final = list(batch) + ([] if va else [m]) + ([] if vb else [n])
     op = MatMul(name=node.name, out=ctx.temp("mm"), nodes=[node.name], a=ctx.buffer(a), b=ctx.buffer(b),
-                batch=tuple(batch), a_batch=a_batch, b_batch=b_batch, m=m, n=n, k=k)
-    if not b_batch and a_batch and not va:
+                batch=tuple(batch), a_batch=a_batch, b_batch=b_batch, m=m, n=n, k=k,
+                trans_a=trans_a, trans_b=trans_b, alpha=alpha)
+    if not b_batch and a_batch and not va and not trans_a:
         # [..., M, K] @ [K, N]: one big matrix product with M' = prod(batch) * M
         op.m, op.batch, op.a_batch = int(np.prod(a_batch)) * m, (), ()
     ctx.anchor(op, [int(np.prod(batch)) * m, n] if not op.batch else out_shape)
-    ctx.view(node.outputs[0], op.out, final)
+    ctx.view(out, op.out, final)
 
 
 @register("Gemm")
