@@ -250,3 +250,37 @@ def test_fused_matmul_refused(tmp_path):
     m = ms_model([node("FusedMatMul", ["a", "b"], ["y"], transBatchA=1)], [("a", [4, 5]), ("b", [5, 6])],
                  [("y", [4, 6])])
     refused(m, tmp_path, "fusedmatmul_node", "transBatchA=1")
+
+
+I32 = TensorProto.INT32
+
+
+@pytest.mark.parametrize("variant", ["full", "no_segment", "position_ids_1s", "position_ids_bs", "mask_only_sum"])
+def test_embed_layer_norm(check, variant):
+    B, S, H, V, P = 2, 6, 16, 13, 9
+    rng = np.random.default_rng(3)
+    seg = variant in ("full", "mask_only_sum")
+    mask = variant in ("full", "mask_only_sum")
+    pid_shape = {"position_ids_1s": [1, S], "position_ids_bs": [B, S]}.get(variant)
+    names = ["ids", "seg" if seg else "", "we", "pe", "se" if seg else "", "gamma", "beta", "mask" if mask else "",
+             "pid" if pid_shape else ""]
+    while not names[-1]:
+        names.pop()
+    outs = {"full": ["y", "mi", "sum"], "mask_only_sum": ["y", "", "sum"]}.get(variant, ["y", "mi"])
+    inits = rng_inits(4, we=[V, H], pe=[P, H], se=[2, H], gamma=[H], beta=[H])
+    inits = {k: v for k, v in inits.items() if k in names}
+    feeds = {"ids": rng.integers(0, V, (B, S)).astype(np.int32)}
+    if seg:
+        feeds["seg"] = rng.integers(0, 2, (B, S)).astype(np.int32)
+    if mask:
+        feeds["mask"] = np.array([[1, 1, 0, 1, 0, 0], [1] * S], np.int32)
+    if pid_shape:
+        feeds["pid"] = rng.integers(0, P, pid_shape).astype(np.int32)
+    out_shapes = {"y": ([B, S, H], F), "mi": ([B], I32), "sum": ([B, S, H], F)}
+    g = helper.make_graph([node("EmbedLayerNormalization", names, outs, epsilon=1e-5)], "embed",
+                          [vi(n, list(v.shape), I32) for n, v in feeds.items()],
+                          [vi(o, *out_shapes[o]) for o in outs if o],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+                          ir_version=IR_VERSION)
+    check(m, feeds=feeds, elementwise=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import select
@@ -117,3 +119,59 @@ def fused_conv(ctx, node):
             v = v + ctx.read(z, cs)
         return act(v) if act else v
     ctx.generic(node.outputs[0], shape, "f32", rule)
+
+
+# --- EmbedLayerNormalization -------------------------------------------------------
+
+@register(MS + "EmbedLayerNormalization")
+def embed_layer_norm(ctx, node):
+    """output = LayerNorm(word[input_ids] + position[position_ids] + segment[segment_ids]) * gamma + beta;
+    position_ids default to 0..S-1 (given, [1, S] or [B, S]); the optional mask_index output is the
+    count of non-zero mask entries per batch row (0 without a mask, whatever mask_index_type says, as
+    onnxruntime's CPU kernel does); embedding_sum is the sum before the norm."""
+    ids, seg_ids, word, pos, seg, gamma, beta = (node.input(i) for i in range(7))
+    mask, pos_ids = node.input(7), node.input(8)
+    s = list(ctx.shape(ids))
+    if len(s) != 2:
+        raise ShapeError(f"EmbedLayerNormalization needs input_ids [B, S], got {tuple(s)}")
+    B, S = s
+    H = ctx.shape(word)[-1]
+    if bool(seg_ids) != bool(seg):
+        raise ShapeError("EmbedLayerNormalization needs segment_ids and segment_embedding together")
+    for n in (word, pos) + ((seg,) if seg else ()):
+        require_float(ctx, node, n)
+        if len(ctx.shape(n)) != 2 or ctx.shape(n)[1] != H:
+            raise ShapeError(f"EmbedLayerNormalization: embedding {n!r} must be [rows, {H}], got {ctx.shape(n)}")
+    for n in [i for i in (seg_ids, mask, pos_ids) if i]:
+        if ctx.dtype(n) != "i32":
+            raise Unsupported(f"{n!r} of {ctx.dtype(n)} elements (ids and masks are int32)")
+    if pos_ids and list(ctx.shape(pos_ids)) not in ([1, S], [B, S]):
+        raise ShapeError(f"position_ids must be [1, {S}] or [{B}, {S}], got {ctx.shape(pos_ids)}")
+    if not pos_ids and ctx.shape(pos)[0] < S:
+        raise ShapeError(f"position_embedding has {ctx.shape(pos)[0]} rows for a sequence of {S}")
+
+    def row(table, index):     # table[index, h]; an index out of range is clamped
+        return lambda cs: ctx.read(table, [kir.clamp(index(cs), 0, ctx.shape(table)[0] - 1), cs[2]])
+    terms = [row(word, lambda cs: ctx.read(ids, cs[:2]))]
+    terms.append(row(pos, lambda cs: ctx.read_bcast(pos_ids, [B, S], cs[:2])) if pos_ids
+                 else lambda cs: ctx.read(pos, [cs[1], cs[2]]))
+    if seg:
+        terms.append(row(seg, lambda cs: ctx.read(seg_ids, cs[:2])))
+    outs = list(node.outputs) + ["", ""]
+    total = outs[2] or ctx.temp("embedding_sum")
+
+    def embedding(cs):
+        acc = terms[0](cs)
+        for t in terms[1:]:
+            acc = acc + t(cs)
+        return acc
+    ctx.generic(total, [B, S, H], "f32", embedding)
+    emit_layer_norm(ctx, total, gamma, beta, 2, float(node.attr("epsilon", 1e-12)), outs[0])
+    if outs[1]:
+        if not mask:
+            ctx.set_const(outs[1], np.zeros([B], np.int32))
+            return
+        nonzero = ctx.temp("mask_nonzero")
+        ctx.generic(nonzero, [B, S], "i32", lambda cs: select(kir.binary("ne", ctx.read(mask, cs), kir.i32(0)),
+                                                              kir.i32(1), kir.i32(0)))
+        ctx.view(outs[1], emit_reduce(ctx, nonzero, [1], "sum"), [B])
