@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -284,3 +285,59 @@ def test_embed_layer_norm(check, variant):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
                           ir_version=IR_VERSION)
     check(m, feeds=feeds, elementwise=True)
+
+
+# --- a model through onnxruntime's BERT optimizer ---------------------------------
+
+IMPLEMENTED_MS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Gelu", "FastGelu", "BiasGelu",
+                  "QuickGelu", "FusedMatMul", "FusedConv", "EmbedLayerNormalization"}
+
+
+def encoder(B=2, S=6, H=16, FF=32, seed=0):
+    """One BERT-like encoder layer in plain ONNX ops: single-head attention (a form the BERT
+    optimizer does not fuse into Attention), residual + LayerNorm, a feed-forward block with the
+    erf Gelu spelled out, residual + LayerNorm."""
+    rng = np.random.default_rng(seed)
+
+    def w(*s):
+        return (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
+    mk = helper.make_node
+    nodes = [
+        mk("MatMul", ["x", "wq"], ["q"]), mk("MatMul", ["x", "wk"], ["k"]), mk("MatMul", ["x", "wv"], ["v"]),
+        mk("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), mk("MatMul", ["q", "kt"], ["s"]),
+        mk("Mul", ["s", "scale"], ["ss"]), mk("Softmax", ["ss"], ["p"], axis=-1), mk("MatMul", ["p", "v"], ["c"]),
+        mk("MatMul", ["c", "wo"], ["o0"]), mk("Add", ["o0", "bo"], ["o"]), mk("Add", ["o", "x"], ["r1"]),
+        mk("LayerNormalization", ["r1", "g1", "b1"], ["h1"], axis=-1, epsilon=1e-12),
+        mk("MatMul", ["h1", "w1"], ["f0"]), mk("Add", ["f0", "bf1"], ["f1"]),
+        mk("Div", ["f1", "sqrt2"], ["gd"]), mk("Erf", ["gd"], ["ge"]), mk("Add", ["ge", "one"], ["ga"]),
+        mk("Mul", ["f1", "ga"], ["gm"]), mk("Mul", ["gm", "half"], ["gl"]),
+        mk("MatMul", ["gl", "w2"], ["f2"]), mk("Add", ["f2", "bf2"], ["f3"]), mk("Add", ["f3", "h1"], ["r2"]),
+        mk("LayerNormalization", ["r2", "g2", "b2"], ["y"], axis=-1, epsilon=1e-12),
+    ]
+    inits = dict(wq=w(H, H), wk=w(H, H), wv=w(H, H), wo=w(H, H), bo=w(H) * 0.1, scale=np.array(0.25, np.float32),
+                 g1=1 + w(H) * 0.1, b1=w(H) * 0.1, w1=w(H, FF), bf1=w(FF) * 0.1, sqrt2=np.array(np.sqrt(2), np.float32),
+                 one=np.array(1.0, np.float32), half=np.array(0.5, np.float32), w2=w(FF, H), bf2=w(H) * 0.1,
+                 g2=1 + w(H) * 0.1, b2=w(H) * 0.1)
+    g = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info("x", F, [B, S, H])],
+                          [helper.make_tensor_value_info("y", F, [B, S, H])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+def test_bert_optimized_encoder(check, tmp_path):
+    """The BERT optimizer's output (SkipLayerNormalization, Gelu, Gemm) runs as onnxruntime runs it."""
+    import logging
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    path = tmp_path / "encoder.onnx"
+    onnx.save(encoder(), path)
+    logging.disable(logging.WARNING)
+    try:
+        opt = optimize_model(str(path), model_type="bert", num_heads=1, hidden_size=16, opt_level=1).model
+    finally:
+        logging.disable(logging.NOTSET)
+    contrib = {n.op_type for n in opt.graph.node if n.domain == MS}
+    assert "SkipLayerNormalization" in contrib and "Gelu" in contrib, contrib
+    assert contrib <= IMPLEMENTED_MS, contrib - IMPLEMENTED_MS
+    check(opt, elementwise=True)
