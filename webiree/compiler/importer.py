@@ -178,16 +178,16 @@ ORT_DEFAULT_DOMAIN = "webiree.onnxruntime_default"   # see _as_checked
 
 
 def _as_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The model as ONNX's checker and shape inference should see it: a default-domain node that
-    ONNX does not define at the model's opset but webiree has a handler for is one of the ops
-    onnxruntime defines in the default domain (SimplifiedLayerNormalization, LayerNormalization
-    before opset 17); it is checked as a custom-domain op. (The graph keeps its own domain.)"""
-    from .ops.registry import OPS
+    """The model as ONNX's checker and shape inference should see it: a default-domain node of an
+    op ONNX does not define at the model's opset but onnxruntime does (SimplifiedLayerNormalization,
+    LayerNormalization before opset 17: ops/registry.ONNXRUNTIME_DEFAULT_DOMAIN) is checked as a
+    custom-domain op. (The graph keeps its own domain.)"""
+    from .ops.registry import ONNXRUNTIME_DEFAULT_DOMAIN
 
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     moved = []
     for i, n in enumerate(proto.graph.node):
-        if opset is None or n.domain not in ("", "ai.onnx") or n.op_type not in OPS:
+        if opset is None or n.domain not in ("", "ai.onnx") or n.op_type not in ONNXRUNTIME_DEFAULT_DOMAIN:
             continue
         try:
             onnx.defs.get_schema(n.op_type, opset, "")

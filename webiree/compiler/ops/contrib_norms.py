@@ -17,7 +17,7 @@ from ...ir import kir
 from .common import norm_axis, require_float
 from .norms import check_stash_type, emit_layer_norm
 from .reduce import emit_reduce, split3
-from .registry import Unsupported, register
+from .registry import ONNXRUNTIME_DEFAULT_DOMAIN, Unsupported, register
 
 MS = "com.microsoft."
 SKIP_EPS = 1e-12      # onnxruntime's default epsilon of the skip forms
@@ -35,6 +35,9 @@ def emit_rms_norm(ctx, x, scale, axis, eps, out, inv_out=""):
     ctx.generic(inv, kept, "f32", lambda cs: kir.unary("rsqrt", ctx.read(ss, cs) * (1.0 / r) + eps))
     ctx.generic(out, s, "f32", lambda cs: ctx.read(x, cs) * ctx.read(inv, cs[:axis] + [kir.i32(0)] * len(rs))
                 * ctx.read_bcast(scale, rs, cs[axis:]))
+
+
+ONNXRUNTIME_DEFAULT_DOMAIN.add("SimplifiedLayerNormalization")
 
 
 @register("SimplifiedLayerNormalization")

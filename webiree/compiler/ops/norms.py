@@ -20,7 +20,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.program import LayerNorm, numel
-from .registry import Unsupported, register
+from .registry import ONNXRUNTIME_DEFAULT_DOMAIN, Unsupported, register
 from .common import norm_axis, require_float
 from .reduce import emit_reduce, split3
 
@@ -93,6 +93,9 @@ def instance_norm(ctx, node):
     ctx.anchor(op, s)
     ctx.generic(node.outputs[0], s, "f32",
                 lambda cs: ctx.read(normed, cs) * ctx.read(scale, [cs[1]]) + ctx.read(bias, [cs[1]]))
+
+
+ONNXRUNTIME_DEFAULT_DOMAIN.add("LayerNormalization")     # onnxruntime's, before ONNX's opset 17
 
 
 @register("LayerNormalization")

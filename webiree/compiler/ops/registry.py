@@ -4,6 +4,10 @@ from __future__ import annotations
 
 OPS: dict = {}
 
+# Ops onnxruntime defines in the default domain where ONNX does not (at the model's opset):
+# the importer has ONNX's checker treat them as custom-domain ops; their handlers add them.
+ONNXRUNTIME_DEFAULT_DOMAIN: set = set()
+
 
 class Unsupported(Exception):
     """This node uses a variant of its op that webiree cannot compile."""
