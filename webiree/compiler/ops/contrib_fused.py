@@ -49,7 +49,7 @@ def fused_matmul(ctx, node):
     """Y = alpha * op(A) @ op(B): transA/transB transpose the last two dims, transBatchA/B move the
     first dim of the stored operand behind the batch dims."""
     a, b = node.inputs[:2]
-    for which, name in (("A", a), ("B", b)):
+    for which in "AB":
         v = node.attr(f"transBatch{which}", 0)
         if v not in (0, 1):
             raise Unsupported(f"transBatch{which}={v} (0 or 1)")
