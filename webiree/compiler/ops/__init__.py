@@ -11,7 +11,7 @@ error.
 
 from __future__ import annotations
 
-from . import contraction, control, conv, elementwise, ml, movement, norms, pool, quant, reduce, resize, rnn, shape, spectral  # noqa: F401,E501  (each registers its handlers)
+from . import contraction, contrib_attention, control, conv, elementwise, ml, movement, norms, pool, quant, reduce, resize, rnn, shape, spectral  # noqa: F401,E501  (each registers its handlers)
 from .registry import OPS, Unsupported, register
 
 __all__ = ["OPS", "Unsupported", "register"]
