@@ -118,7 +118,7 @@ def test_attention_refused_attributes(attrs, words, tmp_path):
 
 def test_attention_refuses_4d_mask(tmp_path):
     model, _ = _attention(mask=np.ones((2, 1, 5, 5), np.int32))
-    _refused(model, tmp_path, "my_Attention", "mask of shape (2, 1, 5, 5)")
+    _refused(model, tmp_path, "my_Attention", "mask_index of shape (2, 1, 5, 5)")
 
 
 def test_attention_refuses_past_sequence_length(tmp_path):
@@ -222,7 +222,7 @@ def test_mha_refuses_cache_indirection(tmp_path):
 
 def test_mha_refuses_3b2_mask(tmp_path):
     model, _ = _mha(kpm=np.array([4, 6, 0, 0, 4, 6, 10, 12], np.int32))
-    _refused(model, tmp_path, "my_MultiHeadAttention", "mask of shape (8,)")
+    _refused(model, tmp_path, "my_MultiHeadAttention", "key_padding_mask of shape (8,)")
 
 
 # --- RotaryEmbedding -------------------------------------------------------------------
@@ -263,3 +263,60 @@ def test_rotary_embedding(case, tmp_path):
 def test_rotary_refuses_packed_batching(tmp_path):
     model, _ = _rotary(is_packed_batching=1)
     _refused(model, tmp_path, "my_RotaryEmbedding", "is_packed_batching=1")
+
+
+# --- a model: a BERT-like encoder layer after onnxruntime's transformer optimizer -----
+
+def _encoder_layer(B=2, S=6, hidden=16, N=2) -> onnx.ModelProto:
+    """Self-attention (Q, K, V projections, additive 0/1 mask), output projection, residual and
+    LayerNormalization, in the standard op set, in the pattern onnxruntime's optimizer fuses."""
+    H = hidden // N
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+    inits = {"Wq": w(hidden, hidden), "Wk": w(hidden, hidden), "Wv": w(hidden, hidden), "Wo": w(hidden, hidden),
+             "bq": w(hidden), "bk": w(hidden), "bv": w(hidden), "bo": w(hidden), "gamma": 1 + w(hidden),
+             "beta": w(hidden), "heads": np.array([B, S, N, H], np.int64), "rows": np.array([B, S, hidden], np.int64),
+             "sqrt": np.array(np.sqrt(H), np.float32), "one": np.array(1.0, np.float32),
+             "filter": np.array(-10000.0, np.float32), "ax1": np.array([1], np.int64), "ax2": np.array([2], np.int64)}
+    mk = helper.make_node
+    nodes = []
+    for p, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [mk("MatMul", ["x", f"W{p}"], [f"{p}0"]), mk("Add", [f"{p}0", f"b{p}"], [f"{p}1"]),
+                  mk("Reshape", [f"{p}1", "heads"], [f"{p}2"]), mk("Transpose", [f"{p}2"], [f"{p}3"], perm=perm)]
+    nodes += [mk("Unsqueeze", ["mask", "ax1"], ["m1"]), mk("Unsqueeze", ["m1", "ax2"], ["m2"]),
+              mk("Cast", ["m2"], ["m3"], to=onnx.TensorProto.FLOAT), mk("Sub", ["one", "m3"], ["m4"]),
+              mk("Mul", ["m4", "filter"], ["m5"]),
+              mk("MatMul", ["q3", "k3"], ["qk"]), mk("Div", ["qk", "sqrt"], ["qk1"]), mk("Add", ["qk1", "m5"], ["qk2"]),
+              mk("Softmax", ["qk2"], ["p"], axis=-1), mk("MatMul", ["p", "v3"], ["c"]),
+              mk("Transpose", ["c"], ["c1"], perm=[0, 2, 1, 3]), mk("Reshape", ["c1", "rows"], ["c2"]),
+              mk("MatMul", ["c2", "Wo"], ["o"]), mk("Add", ["o", "bo"], ["o1"]), mk("Add", ["o1", "x"], ["r"]),
+              mk("LayerNormalization", ["r", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5)]
+    g = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [B, S, hidden]),
+                                             helper.make_tensor_value_info("mask", onnx.TensorProto.INT64, [B, S])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [B, S, hidden])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_bert_layer_fused_by_onnxruntime(tmp_path):
+    """The optimizer fuses the attention into com.microsoft.Attention (with a key-length mask_index);
+    its other fusions (SkipLayerNormalization, Gelu, ...) belong to another op family and are off."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    path = tmp_path / "encoder.onnx"
+    onnx.save(_encoder_layer(), path)
+    options = FusionOptions("bert")
+    for flag in ("enable_skip_layer_norm", "enable_bias_skip_layer_norm", "enable_gelu", "enable_bias_gelu",
+                 "enable_embed_layer_norm", "enable_layer_norm"):
+        setattr(options, flag, False)
+    optimized = optimize_model(str(path), model_type="bert", num_heads=2, hidden_size=16, opt_level=0,
+                               optimization_options=options)
+    optimized.save_model_to_file(str(tmp_path / "fused.onnx"))   # as users get it (adds the com.microsoft import)
+    fused = onnx.load(tmp_path / "fused.onnx")
+    assert [n.op_type for n in fused.graph.node if n.domain == "com.microsoft"] == ["Attention"]
+    rng = np.random.default_rng(1)
+    feeds = {"x": _f(rng, 2, 6, 16), "mask": np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], np.int64)}
+    _check(fused, feeds, tmp_path)

@@ -88,7 +88,7 @@ def _with_past(ctx, node, cur, past, which, B, N, L, H):
     return _heads(ctx, "kv_total", B, N, P + L, H, read), P
 
 
-def _additive(ctx, node, mask, attn_bias, causal, dims, P, fill):
+def _additive(ctx, node, mask, role, attn_bias, causal, dims, P, fill):
     """The term added to the scaled scores at (b, n, s, t), or None: attention bias + (padding
     mask + causal mask), in onnxruntime's order of summation."""
     B, N, S, T = dims
@@ -96,7 +96,7 @@ def _additive(ctx, node, mask, attn_bias, causal, dims, P, fill):
     if mask:
         ms = tuple(ctx.shape(mask))
         if ctx.dtype(mask) != "i32":
-            raise Unsupported(f"mask of type {ctx.dtype(mask)} (onnxruntime takes int32)")
+            raise Unsupported(f"input {role} of type {ctx.dtype(mask)} (onnxruntime takes int32)")
         masked, on = f32(fill), f32(0.0)
         if ms == (B,):      # key lengths (right padding)
             terms.append(lambda cs: select(cs[3] >= ctx.read(mask, [cs[0]]), masked, on))
@@ -108,7 +108,7 @@ def _additive(ctx, node, mask, attn_bias, causal, dims, P, fill):
         elif ms == (B, S, T):
             terms.append(lambda cs: select(ctx.read(mask, [cs[0], cs[2], cs[3]]) > 0, on, masked))
         else:
-            raise Unsupported(f"mask of shape {ms} (supported: ({B},) key lengths, ({2 * B},) end and start "
+            raise Unsupported(f"input {role} of shape {ms} (supported: ({B},) key lengths, ({2 * B},) end and start "
                               f"positions, ({B}, {T}) or ({B}, {S}, {T}) 0/1 masks)")
     if causal and S > 1:
         terms.append(lambda cs: select(cs[3] > cs[2] + P, f32(CAUSAL_FILL), f32(0.0)))
@@ -215,8 +215,8 @@ def attention(ctx, node):
             raise ShapeError(f"the present output needs equal K and V hidden sizes, got {sizes}")
         ctx.generic(_out(node, 1), [2, B, N, T, H], "f32",
                     lambda cs: select(kir.binary("eq", cs[0], i32(0)), ctx.read(k, cs[1:]), ctx.read(v, cs[1:])))
-    extra = _additive(ctx, node, mask, attn_bias, bool(node.attr("unidirectional", 0)), (B, N, S, T), P,
-                      float(node.attr("mask_filter_value", -10000.0)))
+    extra = _additive(ctx, node, mask, "mask_index", attn_bias, bool(node.attr("unidirectional", 0)),
+                      (B, N, S, T), P, float(node.attr("mask_filter_value", -10000.0)))
     _attend(ctx, node, q, k, v, (B, N, S, T, H, Hv), _scale(node, H), extra, node.outputs[0])
 
 
@@ -266,8 +266,8 @@ def multi_head_attention(ctx, node):
     if bias:
         if tuple(ctx.shape(bias)) != (2 * N * H + N * Hv,):
             raise ShapeError(f"bias of shape {tuple(ctx.shape(bias))} is not ({2 * N * H + N * Hv},)")
-        offsets = (0, N * H, 2 * N * H)
-        src = {j: (lambda b, n, l, d, j=j, f=f: f(b, n, l, d) + ctx.read(bias, [offsets[j] + n * (Hv if j == 2 else H) + d]))
+        widths = (H, H, Hv)
+        src = {j: (lambda b, n, l, d, j=j, f=f: f(b, n, l, d) + ctx.read(bias, [j * N * H + n * widths[j] + d]))
                for j, f in src.items()}
     q = _heads(ctx, "q", B, N, S, H, src[0])
     k = _heads(ctx, "k", B, N, L, H, src[1])
@@ -282,8 +282,8 @@ def multi_head_attention(ctx, node):
     for i, t, h in ((1, k, H), (2, v, Hv)):
         if _out(node, i):
             ctx.generic(_out(node, i), [B, N, T, h], "f32", lambda cs, t=t: ctx.read(t, cs))
-    extra = _additive(ctx, node, kpm, attn_bias, bool(node.attr("unidirectional", 0)), (B, N, S, T), P,
-                      float(node.attr("mask_filter_value", -10000.0)))
+    extra = _additive(ctx, node, kpm, "key_padding_mask", attn_bias, bool(node.attr("unidirectional", 0)),
+                      (B, N, S, T), P, float(node.attr("mask_filter_value", -10000.0)))
     _attend(ctx, node, q, k, v, (B, N, S, T, H, Hv), _scale(node, H), extra, node.outputs[0], _out(node, 3))
 
 
