@@ -144,6 +144,9 @@ def _mha(B=2, S=4, L=6, hidden=16, v_hidden=None, N=2, form="separate", bias=Tru
     elif form == "packed_kv":
         feeds["q"], feeds["k"] = _f(rng, B, S, hidden), _f(rng, B, L, N, 2, H)
         inputs = ["q", "k", ""]
+    elif form == "per_head":     # K and V given as (batch, num_heads, kv_sequence, head_size)
+        feeds["q"], feeds["k"], feeds["v"] = _f(rng, B, S, hidden), _f(rng, B, N, L, H), _f(rng, B, N, L, dv // N)
+        inputs = ["q", "k", "v"]
     else:
         feeds["q"], feeds["k"], feeds["v"] = _f(rng, B, S, hidden), _f(rng, B, L, hidden), _f(rng, B, L, dv)
         inputs = ["q", "k", "v"]
@@ -188,6 +191,8 @@ MHA_CASES = {
     "present": dict(outputs=("y", "present_k", "present_v")),
     "past": dict(past=3, L=4, S=4, unidirectional=1, outputs=("y", "present_k", "present_v")),
     "qk": dict(outputs=("y", "qk"), kpm=np.array([2, 6], np.int32)),
+    "per_head_kv": dict(form="per_head", bias=False),
+    "per_head_kv_query_bias": dict(form="per_head", kpm=np.array([5, 6], np.int32)),   # the bias applies to Q only
 }
 
 

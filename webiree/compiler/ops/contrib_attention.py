@@ -259,16 +259,24 @@ def multi_head_attention(ctx, node):
             L, Hv = ks[1], _split(vs[2], N, "value hidden size")
             src[1] = lambda b, n, l, d: ctx.read(key, [b, l, n * H + d])
             src[2] = lambda b, n, l, d: ctx.read(value, [b, l, n * Hv + d])
+        elif len(ks) == 4:      # K and V already split into heads (batch, num_heads, kv_sequence, head_size)
+            vs = tuple(ctx.shape(value)) if value else ()
+            if ks[:2] != (B, N) or ks[3] != H or vs != ks:
+                raise ShapeError(f"key {ks} and value {vs} are not both ({B}, {N}, kv_sequence, {H})")
+            L, Hv = ks[2], H
+            src[1] = lambda b, n, l, d: ctx.read(key, [b, n, l, d])
+            src[2] = lambda b, n, l, d: ctx.read(value, [b, n, l, d])
         else:
-            raise Unsupported(f"key of rank {len(ks)} (supported: (batch, kv_sequence, hidden) and packed KV)")
+            raise Unsupported(f"key of rank {len(ks)} (supported: 3-D, 4-D per head, and packed KV)")
     else:
         raise ShapeError(f"query of shape {qs} is neither (batch, sequence, hidden) nor packed QKV")
     if bias:
         if tuple(ctx.shape(bias)) != (2 * N * H + N * Hv,):
             raise ShapeError(f"bias of shape {tuple(ctx.shape(bias))} is not ({2 * N * H + N * Hv},)")
         widths = (H, H, Hv)
+        biased = (0,) if len(ctx.shape(key or query)) == 4 else (0, 1, 2)   # per-head K, V come projected
         src = {j: (lambda b, n, l, d, j=j, f=f: f(b, n, l, d) + ctx.read(bias, [j * N * H + n * widths[j] + d]))
-               for j, f in src.items()}
+               if j in biased else f for j, f in src.items()}
     q = _heads(ctx, "q", B, N, S, H, src[0])
     k = _heads(ctx, "k", B, N, L, H, src[1])
     v = _heads(ctx, "v", B, N, L, Hv, src[2])
