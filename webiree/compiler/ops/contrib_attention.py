@@ -49,6 +49,11 @@ def _refuse_inputs(node, indices: dict) -> None:
             raise Unsupported(f"input {i} ({what}, {_opt(node, i)!r}) is not supported")
 
 
+def _required_inputs(node, count: int) -> None:
+    if len(node.inputs) < count or not all(node.inputs[:count]):
+        raise ShapeError(f"{node.op} needs its first {count} inputs, got {list(node.inputs)}")
+
+
 def _num_heads(node) -> int:
     n = node.attr("num_heads")
     if n is None or int(n) <= 0:
@@ -168,6 +173,7 @@ def _float_inputs(ctx, node, names) -> None:
 
 @register(MS + "Attention")
 def attention(ctx, node):
+    _required_inputs(node, 2)
     x, w = node.inputs[0], node.inputs[1]
     bias, mask, past, attn_bias = (_opt(node, i) for i in range(2, 6))
     _refuse_attrs(node, [("do_rotary", 0), ("past_present_share_buffer", 0)])
@@ -224,6 +230,7 @@ def attention(ctx, node):
 
 @register(MS + "MultiHeadAttention")
 def multi_head_attention(ctx, node):
+    _required_inputs(node, 1)
     query, key, value, bias, kpm, attn_bias, past_k, past_v = (_opt(node, i) for i in range(8))
     _refuse_inputs(node, {8: "past_sequence_length", 9: "cache_indirection"})
     _float_inputs(ctx, node, [query, key, value, bias, attn_bias, past_k, past_v])
@@ -299,6 +306,9 @@ def multi_head_attention(ctx, node):
 
 @register(MS + "RotaryEmbedding")
 def rotary_embedding(ctx, node):
+    """`scale` only matters where onnxruntime would update the caches (positions past their end),
+    which its CPU kernel does not implement either; positions are clamped to the cache here."""
+    _required_inputs(node, 4)
     x, pos, cos, sin = node.inputs[:4]
     _refuse_attrs(node, [("is_packed_batching", 0)])
     _float_inputs(ctx, node, [x, cos, sin])
