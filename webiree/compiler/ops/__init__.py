@@ -11,7 +11,9 @@ error.
 
 from __future__ import annotations
 
-from . import contraction, contrib_activations, contrib_fused, contrib_norms, control, conv, elementwise, ml, movement, norms, pool, quant, reduce, resize, rnn, shape, spectral  # noqa: F401,E501  (each registers its handlers)
+# each module registers its handlers
+from . import contraction, control, conv, elementwise, ml, movement, norms, pool, quant, reduce, resize  # noqa: F401
+from . import contrib_activations, contrib_attention, contrib_fused, contrib_norms, rnn, shape, spectral  # noqa: F401
 from .registry import OPS, Unsupported, register
 
 __all__ = ["OPS", "Unsupported", "register"]
