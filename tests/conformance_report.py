@@ -83,6 +83,39 @@ FAILURE_NOTES = {
 }
 
 
+# onnxruntime's contrib operators are not in the ONNX suite: each is tested against onnxruntime CPU
+# in tests/test_contrib_ops.py and tests/test_contrib_attention.py. The report lists them here.
+CONTRIB = [
+    ("Gelu, BiasGelu", "erf form; BiasGelu's bias broadcast over the last dim"),
+    ("FastGelu", "tanh approximation, with or without its bias input"),
+    ("QuickGelu", "default or given alpha"),
+    ("BiasAdd, BiasSplitGelu", "as documented (onnxruntime has no CPU kernel: tested against numpy)"),
+    ("SkipLayerNormalization", "beta and bias optional; mean, inv_std_var and input_skip_bias_sum outputs; "
+                               "skip [S, H] or [1, S, H] broadcast; 2-D input"),
+    ("SkipSimplifiedLayerNormalization", "bias optional; inv_std_var and input_skip_bias_sum outputs (the mean "
+                                         "output is refused: a simplified norm has none)"),
+    ("SimplifiedLayerNormalization (default domain)", "any axis; inv_std_var output; stash_type 1 (11 computed "
+                                                      "in float32)"),
+    ("LayerNormalization before opset 17 (default domain)", "Mean and InvStdDev outputs"),
+    ("FusedMatMul", "transA, transB, alpha, transBatchA/B on batched and broadcast shapes"),
+    ("FusedConv", "activation Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid, HardSwish with its "
+                  "activation_params; the Z sum input"),
+    ("EmbedLayerNormalization", "segment inputs optional; position_ids [1, S] or [B, S]; mask_index; "
+                                "embedding_sum output"),
+    ("Attention", "packed QKV with or without bias; qkv_hidden_sizes; mask_index as key lengths, end/start "
+                  "positions, 2-D and 3-D masks; unidirectional; scale; mask_filter_value; attention_bias; "
+                  "past / present (refused: do_rotary, past_present_share_buffer, 4-D mask_index, "
+                  "past_sequence_length)"),
+    ("MultiHeadAttention", "separate, packed QKV or packed KV inputs; K/V per head; bias; key_padding_mask "
+                           "(lengths, positions, 2-D, 3-D); attention_bias; unidirectional; past and present; "
+                           "the qk output (refused: cache_indirection, the 3 x batch + 2 mask)"),
+    ("RotaryEmbedding", "3-D or 4-D input; position_ids as one offset or per token; interleaved or not; "
+                        "partial rotary_embedding_dim (refused: is_packed_batching)"),
+    ("not yet", "GroupQueryAttention (needs symbolic KV-cache shapes), MatMulNBits and GatherBlockQuantized "
+                "(4-bit weights), DynamicQuantizeLSTM; any other com.microsoft op is refused by name"),
+]
+
+
 def _onnx():
     import onnx
     return onnx
@@ -523,6 +556,12 @@ def write_report(results: list[dict], seconds: float, path: Path = REPORT, jobs:
               "| case | op | inputs compiled in |", "|---|---|---|"]
     for r in sorted(spec, key=lambda r: (r["op"].lower(), r["name"])):
         lines.append(f"| {r['name']} | {r['op']} | {', '.join(r['specialized'])} |")
+    lines += ["", "## onnxruntime contrib operators (com.microsoft)", "",
+              "Not part of the ONNX suite: each is compared with onnxruntime CPU over its variants in "
+              "`tests/test_contrib_ops.py` and `tests/test_contrib_attention.py`. Every optional input, output "
+              "and attribute is implemented or refused at build with one error naming the node and the "
+              "attribute.", "", "| operator | supported variants |", "|---|---|"]
+    lines += [f"| {op} | {what} |" for op, what in CONTRIB]
     lines += ["", "## Failures", "", "| case | op | error |", "|---|---|---|"]
     for r in sorted((r for r in results if r["status"] == "failed"), key=lambda r: (r["op"].lower(), r["name"])):
         err = r.get("error", "").replace("|", "\\|")
