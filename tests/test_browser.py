@@ -164,7 +164,7 @@ RUN_JS = """async ({url, runtime, feeds, profile, tweak}) => {
     const r = await session.run(tensors, {profile});
     const out = {};
     for (const [k, t] of Object.entries(r)) out[k] = {type: t.type, dims: t.dims, data: b64(t.data), cls: t.data.constructor.name};
-    return {out, profile: r.profile ?? null, progress, hasTimestamps: session.hasTimestamps,
+    return {out, profile: r.profile ?? null, trace: r.trace ?? null, progress, hasTimestamps: session.hasTimestamps,
       inputNames: session.inputNames, outputNames: session.outputNames,
       inputMetadata: session.inputMetadata, outputMetadata: session.outputMetadata};
   } catch (e) {
@@ -240,6 +240,25 @@ def test_profile_names_every_dispatch(page, server, sites):
     names = [d["name"] for d in sites[1]["relu_cnn"][1].module.info["dispatches"]]
     assert [p["name"] for p in r["profile"]] == names
     assert all(p["ms"] >= 0 for p in r["profile"])
+
+
+def test_profile_trace_is_the_native_one(page, server, sites):
+    """results.trace of a profiled run is the Chrome trace webiree builds natively: the same events
+    (names, kinds, fused ONNX nodes, strategies) in the same form; only the times differ."""
+    model, res = sites[1]["relu_cnn"]
+    feeds = sample_inputs(model)
+    r = run_site(page, server, "relu_cnn", feeds, profile=True)
+    check_no_error(r)
+    sess = webiree.InferenceSession(sites[0] / "relu_cnn")
+    sess.run(None, feeds, profile=True)
+    native = sess.last_trace
+    assert native is not None, "lavapipe offers timestamp-query"
+    strip = lambda t: [{k: v for k, v in e.items() if k not in ("ts", "dur")} for e in t["traceEvents"]]  # noqa: E731
+    assert strip(r["trace"]) == strip(native)
+    assert r["trace"]["displayTimeUnit"] == native["displayTimeUnit"] == "ms"
+    spans = [(e["ts"], e["dur"]) for e in r["trace"]["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(res.module.info["dispatches"]) and all(d >= 0 for _, d in spans)
+    assert min(ts for ts, _ in spans) == 0
 
 
 FEED_ERRORS = [

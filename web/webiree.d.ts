@@ -51,9 +51,18 @@ export interface DispatchTime {
   ms: number;
 }
 
+/** A Chrome trace (Trace Event Format): open it in Perfetto or chrome://tracing. */
+export interface ChromeTrace {
+  traceEvents: Array<{name: string; ph: 'X' | 'M'; pid: number; tid: number; cat?: string; ts?: number;
+    dur?: number; args: Record<string, unknown>}>;
+  displayTimeUnit: 'ms';
+}
+
 export type Results = Record<string, Tensor> & {
   /** per-dispatch GPU time, only with run(feeds, {profile: true}) on an adapter with 'timestamp-query' */
   readonly profile?: DispatchTime[];
+  /** the same run as a Chrome trace: one event per dispatch with the ONNX nodes it fused */
+  readonly trace?: ChromeTrace;
 };
 
 export interface RunOptions {

@@ -216,6 +216,25 @@ function checkLimits(needed, adapter) {
 }
 
 // ---------------------------------------------------------------- session
+// A profiled run as a Chrome trace (Trace Event Format, for Perfetto or chrome://tracing): one
+// complete event per dispatch at its GPU timestamps, with the ONNX nodes it fused; the same JSON
+// as webiree's hal_webgpu/trace.py builds natively. ts: BigInt64Array of begin/end pairs (ns).
+export function chromeTrace(info, ts, count) {
+  const dispatches = info.dispatches ?? [];
+  let t0 = null;
+  for (let i = 0; i < count; i++) if (t0 === null || ts[2 * i] < t0) t0 = ts[2 * i];
+  const events = [{name: 'process_name', ph: 'M', pid: 1, tid: 1,
+    args: {name: `webiree ${info.model ?? ''} (GPU)`.replace('  ', ' ')}}];
+  for (let i = 0; i < count; i++) {
+    const d = dispatches[i] ?? {};
+    const dur = ts[2 * i + 1] - ts[2 * i];
+    events.push({name: d.name ?? `dispatch ${i}`, cat: d.kind ?? 'dispatch', ph: 'X', pid: 1, tid: 1,
+      ts: Number(ts[2 * i] - t0) / 1000, dur: dur > 0n ? Number(dur) / 1000 : 0,
+      args: {index: i, nodes: [...(d.nodes ?? [])], strategy: d.config?.strategy ?? ''}});
+  }
+  return {traceEvents: events, displayTimeUnit: 'ms'};
+}
+
 export class InferenceSession {
   /**
    * Load a build folder (URL relative to the page) and prepare it on a new WebGPU device.
@@ -521,6 +540,8 @@ export class InferenceSession {
       const dispatches = this.items.filter((it) => it.bindGroup);
       this.profile = dispatches.map((it, i) => ({name: it.name, ms: Number(ts[2 * i + 1] - ts[2 * i]) / 1e6}));
       Object.defineProperty(results, 'profile', {value: this.profile, enumerable: false, configurable: true});
+      Object.defineProperty(results, 'trace', {value: chromeTrace(this.module.info, ts, this.dispatchCount),
+                                               enumerable: false, configurable: true});
     }
     return results;
   }

@@ -131,7 +131,7 @@ def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: i
 
 def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", inputs_path=None,
           iree: bool = False, input_shapes=None, json_out=None, log=print, iree_vulkan_target=None,
-          spirv: bool = False, submit_chunk: int = 0) -> dict:
+          spirv: bool = False, submit_chunk: int = 0, trace_out=None) -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -189,6 +189,12 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         # per-dispatch GPU time, where the adapter has timestamp queries
         sess.run(None, feeds, profile=True)
         times = sess.last_profile
+        if trace_out:
+            if sess.last_trace is None:
+                log("  no trace written: the adapter has no timestamp queries")
+            else:
+                Path(trace_out).write_text(json.dumps(sess.last_trace, indent=1) + "\n")
+                log(f"  trace of {len(times)} dispatches written to {trace_out} (open it in Perfetto or chrome://tracing)")
         info = sess.module.info["dispatches"]
         kinds = {}
         if times:

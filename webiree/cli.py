@@ -135,7 +135,7 @@ def cmd_bench(args) -> int:
         raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
     report = bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
           _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target,
-          spirv=args.spirv, submit_chunk=args.submit_chunk)
+          spirv=args.spirv, submit_chunk=args.submit_chunk, trace_out=args.trace)
     wrong = wrong_results(report)
     if wrong:
         print(f"webiree bench: {', '.join(wrong)} differ from onnxruntime by more than 1e-4 of the output's "
@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--submit-chunk", type=int, default=0, metavar="N",
                     help="also time the build submitted every N dispatches (the GPU starts while the host encodes)")
     bn.add_argument("--json", help="write the report as JSON")
+    bn.add_argument("--trace", metavar="OUT.json", help="write one profiled run's per-dispatch GPU timeline (the "
+                    "ONNX nodes each dispatch fused) as a Chrome trace / Perfetto JSON")
     bn.set_defaults(fn=cmd_bench)
 
     d = sub.add_parser("demo", help="build the demo model, run it natively, compare with onnxruntime")

@@ -20,6 +20,7 @@ from .errors import FeedError, ModelError
 from .hal_webgpu.feeds import check_names, type_name
 from .hal_webgpu.hal import run_sync
 from .hal_webgpu.interpreter import Interpreter
+from .hal_webgpu.trace import chrome_trace
 
 NUMPY_OF_ONNX = {t: np.dtype(d.numpy).type for t, d in RUNTIME_TYPES.items()}
 ONNX_OF_NUMPY = {np.dtype(v): k for k, v in NUMPY_OF_ONNX.items()}
@@ -74,7 +75,8 @@ class InferenceSession:
         run_sync(interp.prepare())
         self.interp = interp
         self.path = path
-        self.last_profile = None
+        self.last_profile = None      # per-dispatch GPU ns of the last run(profile=True)
+        self.last_trace = None        # the same as a Chrome trace (hal_webgpu/trace.py)
 
     def close(self) -> None:
         """Free the session's GPU buffers now (otherwise when it is garbage-collected)."""
@@ -139,7 +141,11 @@ class InferenceSession:
         by_name = {io.name: io for io in self.module.inputs}
         wanted = check_names(self.module, input_feed, output_names)
         feeds = {n: self._encode(by_name[n], v) for n, v in input_feed.items()}
+        self.driver.last_spans = None
         raw, times = run_sync(self.interp.run_raw(feeds, profile))
         self.last_profile = times
+        spans = self.driver.last_spans
+        self.last_trace = chrome_trace(self.module.info.get("dispatches", []), spans,
+                                       self.module.info.get("model", "")) if spans else None
         outs = {io.name: self._decode(io, raw[io.name]) for io in self.module.outputs}
         return [outs[n] for n in wanted]

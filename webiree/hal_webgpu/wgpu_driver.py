@@ -164,6 +164,7 @@ class WgpuDriver(Driver):
         self._limits = adapter_limits()
         self.live_buffers = 0
         self.has_timestamps = "timestamp-query" in self.device.features
+        self.last_spans = None          # [(begin_ns, end_ns)] per dispatch of the last profiled submit
         self._raw_cache = {}
 
     @classmethod
@@ -269,6 +270,7 @@ class WgpuDriver(Driver):
             import struct
             ts = struct.unpack(f"<{2 * n_disp}Q", raw)
             times = [ts[2 * i + 1] - ts[2 * i] for i in range(n_disp)]
+            self.last_spans = [(ts[2 * i], ts[2 * i + 1]) for i in range(n_disp)]
             resolve.destroy()
             query.destroy()
         else:
