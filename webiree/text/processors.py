@@ -122,13 +122,13 @@ class ByteLevel:
         return a if b is None else _join([a, _retype(b, 1)])
 
 
-def _plain(a, b):
+def plain(a, b):
     return a if b is None else _join([a, _retype(b, 1)])
 
 
 def build(spec: dict | None):
     if spec is None:
-        return _plain
+        return plain
     kind = spec.get("type")
     if kind == "TemplateProcessing":
         return Template.from_spec(spec)

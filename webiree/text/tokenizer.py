@@ -17,7 +17,11 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ModelError
-from . import decoders, models, normalizers, pre_tokenizers, processors
+from .decoders import build as build_decoder
+from .models import build as build_model
+from .normalizers import build as build_normalizer
+from .pre_tokenizers import build as build_pre_tokenizer
+from .processors import build as build_post_processor, plain
 from .added_tokens import AddedVocabulary
 
 
@@ -42,11 +46,11 @@ class Tokenizer:
             if spec.get(section) is not None:
                 raise ModelError(f"tokenizer.json: {section} is not supported",
                                  hint=f"set {section} to null; pad or truncate the ids yourself")
-        self.normalizer = normalizers.build(spec.get("normalizer"))
-        self.pre_tokenizer = pre_tokenizers.build(spec.get("pre_tokenizer"))
-        self.model = models.build(spec["model"])
-        self.post_processor = processors.build(spec.get("post_processor"))
-        self.decoder = decoders.build(spec.get("decoder"))
+        self.normalizer = build_normalizer(spec.get("normalizer"))
+        self.pre_tokenizer = build_pre_tokenizer(spec.get("pre_tokenizer"))
+        self.model = build_model(spec["model"])
+        self.post_processor = build_post_processor(spec.get("post_processor"))
+        self.decoder = build_decoder(spec.get("decoder"))
         self.added = AddedVocabulary(spec.get("added_tokens") or [], self.normalizer)
 
     @classmethod
@@ -91,7 +95,7 @@ class Tokenizer:
             raise TypeError("encode takes str")
         a = self._sequence(text, 0)
         b = None if pair is None else self._sequence(pair, 1)
-        seq = self.post_processor(a, b) if add_special_tokens else processors._plain(a, b)
+        seq = self.post_processor(a, b) if add_special_tokens else plain(a, b)
         return Encoding(seq["ids"], seq["tokens"], seq["offsets"], [1] * len(seq["ids"]), seq["type_ids"],
                         seq["special_tokens_mask"])
 
