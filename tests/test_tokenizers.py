@@ -177,3 +177,35 @@ def test_unsupported_sections_are_refused(section, spec):
     with pytest.raises(ModelError) as e:
         Tokenizer.from_str(json.dumps(base))
     assert section in str(e.value) and (spec.get("type") or section) in str(e.value)
+
+
+def test_build_copies_the_tokenizer_into_the_site(data, tmp_path):
+    """`webiree build --tokenizer tokenizer.json` copies the file byte for byte and the manifest names it."""
+    import onnx
+
+    from webiree.cli import main
+    from webiree.testing import models
+
+    src = tmp_path / "my-tokenizer.json"
+    byte_level_tokenizer(data["corpus"][:300], False, False).save(str(src))
+    onnx.save(models.mlp(), str(tmp_path / "mlp.onnx"))
+    out = tmp_path / "site"
+    assert main(["build", str(tmp_path / "mlp.onnx"), "--out", str(out), "--no-validate",
+                 "--tokenizer", str(src)]) == 0
+    assert (out / "tokenizer.json").read_bytes() == src.read_bytes()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["tokenizer"] == "tokenizer.json"
+    assert Tokenizer.from_file(out / "tokenizer.json").encode("hello world").ids
+
+
+def test_build_refuses_a_file_that_is_not_a_tokenizer(tmp_path, capsys):
+    import onnx
+
+    from webiree.cli import main
+    from webiree.testing import models
+
+    onnx.save(models.mlp(), str(tmp_path / "mlp.onnx"))
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert main(["build", str(tmp_path / "mlp.onnx"), "--out", str(tmp_path / "site"), "--no-validate",
+                 "--tokenizer", str(tmp_path / "bad.json")]) == 2
+    assert "not a Hugging Face tokenizer.json" in capsys.readouterr().err
