@@ -209,3 +209,24 @@ def test_build_refuses_a_file_that_is_not_a_tokenizer(tmp_path, capsys):
     assert main(["build", str(tmp_path / "mlp.onnx"), "--out", str(tmp_path / "site"), "--no-validate",
                  "--tokenizer", str(tmp_path / "bad.json")]) == 2
     assert "not a Hugging Face tokenizer.json" in capsys.readouterr().err
+
+
+def test_gpt2_split_classes_match_the_library():
+    """ByteLevel's split (\\p{L}, \\p{N}, \\s from unicodedata) against the library's regex, every 7th
+    code point this Python's Unicode database assigns (the library's tables may be newer)."""
+    from tokenizers import pre_tokenizers
+
+    from webiree.text.normalized import Piece
+    from webiree.text.pre_tokenizers import ByteLevel
+
+    ref = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    ours = ByteLevel({"add_prefix_space": False})
+    n = 0
+    for cp in range(0, 0x110000, 7):
+        c = chr(cp)
+        if 0xD800 <= cp < 0xE000 or unicodedata.category(c) == "Cn":
+            continue
+        for s in (f"a{c}1 {c}", f"{c}{c} x", f" {c}\n"):
+            assert [w.text for w in ours(Piece.of(s))] == [t for t, _ in ref.pre_tokenize_str(s)], hex(cp)
+        n += 1
+    print(f"\nGPT-2 split: {n} code points agree with the library")

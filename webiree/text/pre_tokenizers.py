@@ -2,6 +2,10 @@
 
 Supported: BertPreTokenizer, ByteLevel (GPT-2's split pattern and byte-to-unicode
 mapping), WhitespaceSplit, Sequence of those, and null.
+
+GPT-2's pattern classes characters with unicodedata.category: a character assigned after
+this Python's Unicode version (Python 3.11 has Unicode 14; the library's regex engine is
+newer) is treated as unassigned, where the library may see a letter or a number.
 """
 
 from __future__ import annotations
