@@ -5,6 +5,7 @@
     compiler      may import wgsl_codegen, module, ir, errors, dtypes, target
     wgsl_codegen  may import ir, errors, dtypes, target
     runtime core  hal_webgpu, runtime_py: may import module, errors, version, dtypes (never the compiler)
+                  text (tokenizers, pure Python): may import errors
     module        the schedule module's wire format, the build folder: errors, version, dtypes
     ground        ir (imports nothing of webiree), errors, version, dtypes, target (errors only)
 """
@@ -30,6 +31,7 @@ ALLOWED = {
     "compiler": {"wgsl_codegen", "module", "ir", "errors", "dtypes", "target"},
     "hal_webgpu": {"module", "errors", "version", "dtypes"},
     "runtime_py": {"hal_webgpu", "module", "errors", "version", "dtypes"},
+    "text": {"errors"},
     **{name: TOP for name in ("cli", "bundler", "session", "onnx_backend", "bench", "demo_model", "testing",
                               "webiree")},
 }

@@ -40,7 +40,8 @@ def cmd_build(args) -> int:
     t0 = time.perf_counter()
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
-                validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target)
+                validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target,
+                tokenizer=args.tokenizer)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs natively only), every one is written to shaders/")
     b.add_argument("--pyodide", action="store_true",
                    help="copy Pyodide into the site (pyodide/, 13 MB) so python.html runs offline")
+    b.add_argument("--tokenizer", metavar="tokenizer.json",
+                   help="copy a Hugging Face tokenizer.json into the site (named in the manifest)")
     b.add_argument("--dump-after", action="append", choices=["import", "lower", "fuse", "memory", "kernels"],
                    help="print a stage's product")
     b.set_defaults(fn=cmd_build)

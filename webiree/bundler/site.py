@@ -8,6 +8,7 @@ Output layout (stable; see docs/schedule-module.md):
     DIR/weights.bin        the weights blob
     DIR/shaders/*.wgsl     every executable, for reading (the module embeds them)
     DIR/shaders/*.spv      the same executables as SPIR-V 1.3 (when the targets include spirv)
+    DIR/tokenizer.json     the Hugging Face tokenizer given with --tokenizer, byte for byte
 
 Builds are reproducible: no timestamps, stable ordering, same bytes twice.
 """
@@ -23,12 +24,12 @@ from ..compiler.driver import compile_model
 from ..dtypes import name_of
 from ..target import Target
 from ..module import write_module
-from ..module.folder import MANIFEST_FILE, MODULE_FILE, SHADER_DIR, WEIGHTS_FILE
+from ..module.folder import MANIFEST_FILE, MODULE_FILE, SHADER_DIR, TOKENIZER_FILE, WEIGHTS_FILE
 from ..version import __version__
 
 
 
-def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
+def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer: bytes | None = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shader_dir = out / SHADER_DIR
@@ -42,6 +43,13 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
         (shader_dir / name).write_text(text)
     for name, code in getattr(result, "spirv", None) or []:
         (shader_dir / name).write_bytes(code)
+    files = {"module": MODULE_FILE, "weights": WEIGHTS_FILE, "shaders": [n for n, _ in result.shaders]
+             + [n for n, _ in getattr(result, "spirv", None) or []]}
+    if tokenizer is not None:
+        (out / TOKENIZER_FILE).write_bytes(tokenizer)
+        files["tokenizer"] = TOKENIZER_FILE
+    elif (out / TOKENIZER_FILE).exists():
+        (out / TOKENIZER_FILE).unlink()     # a rebuild without --tokenizer leaves no stale tokenizer behind
     m = result.module
     manifest = {
         "format": "webiree-site",
@@ -49,8 +57,7 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False) -> dict:
         "model": m.info.get("model", "model"),
         "inputs": [{"name": io.name, "shape": list(io.shape), "type": name_of(io.onnx_type)} for io in m.inputs],
         "outputs": [{"name": io.name, "shape": list(io.shape), "type": name_of(io.onnx_type)} for io in m.outputs],
-        "files": {"module": MODULE_FILE, "weights": WEIGHTS_FILE, "shaders": [n for n, _ in result.shaders]
-                  + [n for n, _ in getattr(result, "spirv", None) or []]},
+        "files": files,
         "sizes": {"module_bytes": len(module_bytes), "weights_bytes": len(result.weights),
                   "arena_bytes": result.plan.arena_peak},
         "dispatches": len(result.dispatches),
@@ -85,8 +92,27 @@ def shader_validator(name: str, fmt: str, code) -> None:
         validate_spirv(name, code)
 
 
+def _read_tokenizer(path) -> bytes:
+    """The tokenizer file's bytes, checked to be a JSON object with a model section (read before
+    compiling, so a wrong path fails fast)."""
+    from ..errors import ModelError
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ModelError(f"cannot read the tokenizer {os.fspath(path)}: {e.strerror or e}",
+                         hint="give --tokenizer a Hugging Face tokenizer.json") from None
+    try:
+        spec = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict) or "model" not in spec:
+        raise ModelError(f"{os.fspath(path)} is not a Hugging Face tokenizer.json (a JSON object with a model)",
+                         hint="give --tokenizer the tokenizer.json saved by the tokenizers library")
+    return raw
+
+
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
-            targets=None):
+            targets=None, tokenizer=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]} pins symbolic dims.
@@ -95,9 +121,12 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V: native runtime only) or
       'wgsl,spirv' (a WGSL module); with spirv, shaders/ holds .spv files beside the .wgsl ones.
       None: $WEBIREE_TARGETS, else wgsl.
+    tokenizer: a Hugging Face tokenizer.json, copied into the build as tokenizer.json and named in the
+      manifest's files (webiree.text and webiree.js read it).
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
+    tokenizer_bytes = None if tokenizer is None else _read_tokenizer(tokenizer)
     result = compile_model(model, shapes, resolve_target(limits), validate=shader_validator if validate else None,
                            dump_after=dump_after, targets=targets)
     options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
@@ -106,7 +135,7 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
         fmt = result.module.executables[0].format if result.module.executables else "wgsl"
         options["targets"] = "spirv" if fmt == "spirv" else "wgsl,spirv"
     try:
-        result.manifest = write_build(result, out_dir, options, pyodide=pyodide)
+        result.manifest = write_build(result, out_dir, options, pyodide=pyodide, tokenizer=tokenizer_bytes)
     except OSError as e:
         from ..errors import WebireeError
         raise WebireeError(f"cannot write the build to {os.fspath(out_dir)}: {e.strerror or e}",

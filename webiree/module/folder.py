@@ -4,6 +4,7 @@
     DIR/model.wrm       the schedule module (docs/schedule-module.md)
     DIR/weights.bin     the weights blob
     DIR/shaders/        each executable's WGSL (and .spv) for reading
+    DIR/tokenizer.json  the model's Hugging Face tokenizer, when the build was given one
 
 The bundler writes these names; the native session, `webiree run` / `inspect`
 and the Pyodide runtime (over URLs) read them. Standard library only.
@@ -20,6 +21,7 @@ from .format import Module, ModuleFormatError, read_module
 MODULE_FILE = "model.wrm"
 WEIGHTS_FILE = "weights.bin"
 MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"     # the Hugging Face tokenizer, copied as given (webiree build --tokenizer)
 SHADER_DIR = "shaders"
 
 
