@@ -1,0 +1,162 @@
+"""web/tokenizer.js gives the same ids, offsets and decoded text as Hugging Face `tokenizers`.
+
+The tokenizer.json files are trained here on a seeded multilingual corpus (no downloads):
+a BERT-style WordPiece tokenizer and a GPT-2-style byte-level BPE tokenizer. One node
+process encodes every test string with web/tokenizer.js and prints JSON; the library is
+the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+from tokenizers import processors  # noqa: E402
+from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer  # noqa: E402
+
+NODE = shutil.which("node") or "/usr/bin/node"
+WEB = Path(__file__).resolve().parents[1] / "web"
+NODE_TIMEOUT_S = 120
+N_STRINGS = 1200
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "token", "izer",
+         "running", "unbelievable", "don't", "it's", "we're", "I'm", "they've", "you'll", "he'd",
+         "café", "naïve", "résumé", "über", "straße", "façade", "coöperate", "Ångström", "ÉCOLE",
+         "données", "niño", "señor", "mañana", "İstanbul", "ΣΟΦΙΑ", "σοφία", "Москва", "привет",
+         "東京", "日本語", "中文字符", "한국어", "ひらがな", "カタカナ", "مرحبا", "שלום", "नमस्ते", "ไทย",
+         "😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🇫🇷", "🥰", "𝒜𝓁𝓅𝒽𝒶", "𠀋", "𝟘𝟙", "½", "①", "Ⅻ"]
+PUNCT = list(".,;:!?'\"()[]{}<>-_/\\|@#$%^&*+=~`") + ["...", "—", "–", "«", "»", "¿", "¡", "“", "”", "、", "。"]
+SPACES = [" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2009", "\u200b", " \t \n"]
+CONTROLS = ["\x00", "\x01", "\x07", "\x1b", "\x7f", "\u0085", "\u200d", "\ufeff", "\ufffd", "\u00ad", "\ue000"]
+DECOMPOSED = ["cafe\u0301", "nai\u0308ve", "A\u030angstro\u0308m", "n\u0303", "e\u0301\u0301", "o\u0328\u0301"]
+SPECIALS = ["[CLS]", "[SEP]", "[MASK]", "[UNK]", "<|endoftext|>", "[cls]"]
+
+
+def corpus(rng: random.Random, n: int = 3000) -> list[str]:
+    """Sentences of words, numbers and punctuation the tokenizers are trained on."""
+    lines = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(3, 14)):
+            r = rng.random()
+            parts.append(rng.choice(WORDS) if r < 0.75 else str(rng.randint(0, 99999)) if r < 0.85
+                         else rng.choice(PUNCT))
+        lines.append(" ".join(parts))
+    return lines
+
+
+def sample_strings(rng: random.Random, n: int = N_STRINGS) -> list[str]:
+    """Strings covering words, accents (composed and decomposed), CJK, emoji, whitespace runs,
+    control characters, very long words, numbers, special tokens and the empty string."""
+    fixed = ["", " ", "a", "Hello, world!", "  leading and trailing  ", "\t\n", "[CLS] hi [SEP]",
+             "<|endoftext|>hello<|endoftext|>", "x" * 150, "ab" * 120, "1234567890" * 5, "東京は日本の首都です。",
+             "👨‍👩‍👧‍👦👍🏽🏳️‍🌈", "café cafe\u0301", "\u3000全角\u3000スペース", "tab\there", "nbsp\u00a0here",
+             "\x00\x01control\x7f", "İI ıi ΣΑΣ", "ﬁne ﬂow", "𝒜𝓁𝓅𝒽𝒶 𠀋𠀋", "can't won't shouldn't", "a\u0300\u0301b"]
+    pools = [WORDS, PUNCT, SPACES, CONTROLS, DECOMPOSED, SPECIALS]
+    weights = [50, 15, 15, 5, 5, 3]
+    out = list(fixed)
+    while len(out) < n:
+        parts = []
+        for _ in range(rng.randint(1, 20)):
+            pool = rng.choices(pools, weights)[0]
+            piece = rng.choice(pool)
+            r = rng.random()
+            if r < 0.05:
+                piece = piece * rng.randint(20, 60)  # a very long word
+            elif r < 0.15:
+                piece = str(rng.randint(0, 10 ** rng.randint(1, 12)))
+            elif r < 0.2:
+                piece = piece.upper()
+            parts.append(piece)
+            if rng.random() < 0.6:
+                parts.append(rng.choice([" ", " ", " ", "", rng.choice(SPACES)]))
+        out.append("".join(parts))
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{name: path of tokenizer.json} for the tokenizers under test."""
+    rng = random.Random(1234)
+    lines = corpus(rng)
+    root = tmp_path_factory.mktemp("tokenizers")
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    paths = {}
+
+    bert = BertWordPieceTokenizer()
+    bert.train_from_iterator(lines, vocab_size=600, special_tokens=specials)
+    bert.post_processor = processors.BertProcessing(("[SEP]", bert.token_to_id("[SEP]")),
+                                                    ("[CLS]", bert.token_to_id("[CLS]")))
+    bert.save(str(root / "bert.json"))
+    paths["wordpiece-bert"] = root / "bert.json"
+
+    cased = BertWordPieceTokenizer(lowercase=False, strip_accents=False)
+    cased.train_from_iterator(lines, vocab_size=500, special_tokens=specials)
+    cls, sep = cased.token_to_id("[CLS]"), cased.token_to_id("[SEP]")
+    cased.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    cased.save(str(root / "cased.json"))
+    paths["wordpiece-cased-template"] = root / "cased.json"
+
+    gpt2 = ByteLevelBPETokenizer()
+    gpt2.train_from_iterator(lines, vocab_size=800, special_tokens=["<|endoftext|>"])
+    gpt2.save(str(root / "gpt2.json"))
+    paths["bpe-bytelevel"] = root / "gpt2.json"
+
+    prefixed = ByteLevelBPETokenizer(add_prefix_space=True, trim_offsets=True)
+    prefixed.train_from_iterator(lines, vocab_size=500, special_tokens=["<|endoftext|>"])
+    prefixed.save(str(root / "prefixed.json"))
+    paths["bpe-bytelevel-prefix-trim"] = root / "prefixed.json"
+    return paths
+
+
+def run_node(tmp_path: Path, jobs: dict) -> dict:
+    """Encode and decode with web/tokenizer.js in one node process. jobs: {name: [json path, strings]}."""
+    script = tmp_path / "encode.mjs"
+    script.write_text(f"""
+import {{readFileSync}} from 'node:fs';
+import {{Tokenizer}} from '{(WEB / "tokenizer.js").as_uri()}';
+const jobs = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const out = {{}};
+for (const [name, [path, strings]] of Object.entries(jobs)) {{
+  const tok = Tokenizer.fromJSON(readFileSync(path, 'utf8'));
+  const t0 = performance.now();
+  out[name] = {{results: strings.map((s) => {{
+    const e = tok.encode(s);
+    return {{ids: e.ids, offsets: e.offsets, typeIds: e.typeIds, mask: e.attentionMask, decoded: tok.decode(e.ids)}};
+  }}), ms: performance.now() - t0}};
+}}
+process.stdout.write(JSON.stringify(out));
+""", encoding="utf-8")
+    data = tmp_path / "jobs.json"
+    data.write_text(json.dumps({k: [str(p), s] for k, (p, s) in jobs.items()}), encoding="utf-8")
+    proc = subprocess.run([NODE, str(script), str(data)], capture_output=True, text=True, timeout=NODE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_tokenizer_js_matches_tokenizers(trained, tmp_path):
+    strings = sample_strings(random.Random(99))
+    assert len(strings) >= 1000 and "" in strings
+    got = run_node(tmp_path, {name: (path, strings) for name, path in trained.items()})
+    failures = []
+    for name, path in trained.items():
+        ref = tokenizers.Tokenizer.from_file(str(path))
+        mismatches = []
+        for s, js in zip(strings, got[name]["results"], strict=True):
+            e = ref.encode(s)
+            want = {"ids": e.ids, "offsets": [list(o) for o in e.offsets], "typeIds": e.type_ids,
+                    "mask": e.attention_mask, "decoded": ref.decode(e.ids)}
+            if js != want:
+                mismatches.append((s, {k: (js[k], want[k]) for k in want if js[k] != want[k]}))
+        print(f"\n{name}: {len(strings)} strings compared, {len(strings) - len(mismatches)} identical "
+              f"(ids, offsets, type ids, mask, decode); node encoded them in {got[name]['ms']:.0f} ms")
+        if mismatches:
+            failures.append(f"{name}: {len(mismatches)} differ, first: {mismatches[:3]!r}")
+    assert not failures, "\n".join(failures)

@@ -1,0 +1,581 @@
+// tokenizer.js: Hugging Face tokenizers (tokenizer.json) in the browser. One dependency-free ES module.
+//
+// Reads the normalizer, pre_tokenizer, model, post_processor, decoder and added_tokens
+// sections of a tokenizer.json and gives the same ids and offsets as the `tokenizers`
+// library for the BERT family (BertNormalizer, BertPreTokenizer, WordPiece,
+// BertProcessing / TemplateProcessing) and the GPT-2 family (ByteLevel, BPE):
+//
+//   import {Tokenizer} from './tokenizer.js';
+//   const tok = await Tokenizer.fromURL('./tokenizer.json');
+//   const enc = tok.encode('Hello world');   // {ids, tokens, offsets, attentionMask, typeIds, ...}
+//   tok.decode(enc.ids);                     // 'hello world'
+//
+// Offsets count Unicode code points of the input (as the library reports them to Python);
+// toUTF16Offsets turns them into JavaScript string indexes for highlighting.
+//
+// Text is held as a list of code points, each with the [start, end) range of the input it
+// came from (its alignment). Every step keeps the alignments the way the library's
+// NormalizedString does: a replaced character keeps its own, an inserted one takes the
+// one of the character before it, a removed one is gone.
+
+import {WebireeError} from './webiree.js';
+
+const fail = (message, hint) => { throw new WebireeError('tokenizer', message, hint); };
+const unsupported = (section, type) => fail(`tokenizer.json: ${section} of type '${type}' is not supported`,
+  'supported: normalizer BertNormalizer, Lowercase, StripAccents, NFD, NFKD, Sequence; pre_tokenizer ' +
+  'BertPreTokenizer, ByteLevel, WhitespaceSplit, Sequence; model WordPiece, BPE; post_processor ' +
+  'BertProcessing, RobertaProcessing, TemplateProcessing, ByteLevel, Sequence; decoder WordPiece, ByteLevel');
+
+// ---------------------------------------------------------------- character classes
+// The library's BertNormalizer: control = Cc, Cf, Co except \t \n \r; whitespace = White_Space or \t \n \r.
+const IS_CONTROL = /^[\p{Cc}\p{Cf}\p{Co}]$/u;
+const IS_SPACE = /^\p{White_Space}$/u;
+const IS_MARK_NONSPACING = /^\p{Mn}$/u;
+const IS_BERT_PUNCT = /^[\p{P}!-\/:-@\[-`{-~]$/u;  // Unicode punctuation or ASCII punctuation
+const IS_WORD = /^[\p{L}\p{N}\p{M}\p{Pc}]$/u;
+const isControl = (c) => c !== '\t' && c !== '\n' && c !== '\r' && IS_CONTROL.test(c);
+const isSpace = (c) => IS_SPACE.test(c);
+
+function isChinese(c) {
+  const x = c.codePointAt(0);
+  return (x >= 0x4E00 && x <= 0x9FFF) || (x >= 0x3400 && x <= 0x4DBF) || (x >= 0x20000 && x <= 0x2A6DF) ||
+    (x >= 0x2A700 && x <= 0x2B73F) || (x >= 0x2B740 && x <= 0x2B81F) || (x >= 0x2B920 && x <= 0x2CEAF) ||
+    (x >= 0xF900 && x <= 0xFAFF) || (x >= 0x2F800 && x <= 0x2FA1F);
+}
+
+// ---------------------------------------------------------------- aligned text
+/** A run of code points, each with the [start, end) code point range of the input it came from. */
+class Aligned {
+  constructor(chars, starts, ends, at) {
+    this.chars = chars; this.starts = starts; this.ends = ends;
+    this.at = at;  // where an insertion before the first character points (the library's 0..0, shifted)
+  }
+  static of(text, from = 0) {
+    const chars = Array.from(text);
+    return new Aligned(chars, chars.map((_, i) => from + i), chars.map((_, i) => from + i + 1), from);
+  }
+  get length() { return this.chars.length; }
+  get text() { return this.chars.join(''); }
+  slice(a, b) {
+    return new Aligned(this.chars.slice(a, b), this.starts.slice(a, b), this.ends.slice(a, b),
+      a < this.length ? this.starts[a] : (this.length ? this.ends[this.length - 1] : this.at));
+  }
+  /** The input range [start, end) of characters a..b-1. */
+  span(a, b) {
+    if (a >= b) return a < this.length ? [this.starts[a], this.starts[a]] : [this.at, this.at];
+    return [this.starts[a], this.ends[b - 1]];
+  }
+  /** Rebuild character by character: f(c, i) returns the replacement's code points (first
+   * replaces c, the rest are inserted after it; [] removes c). */
+  each(f) {
+    const chars = [], starts = [], ends = [];
+    this.chars.forEach((c, i) => {
+      for (const d of f(c, i)) { chars.push(d); starts.push(this.starts[i]); ends.push(this.ends[i]); }
+    });
+    return new Aligned(chars, starts, ends, this.at);
+  }
+  /** Split at the ranges [a, b) given, keeping them and the gaps between, dropping empty pieces. */
+  cut(ranges) {
+    const out = [];
+    let last = 0;
+    for (const [a, b] of ranges) {
+      if (a > last) out.push(this.slice(last, a));
+      if (b > a) out.push(this.slice(a, b));
+      last = b;
+    }
+    if (last < this.length) out.push(this.slice(last, this.length));
+    return out;
+  }
+}
+
+// ---------------------------------------------------------------- normalizers
+function bertNormalizer(cfg) {
+  const lowercase = cfg.lowercase ?? true;
+  const stripAccents = cfg.strip_accents ?? lowercase;
+  return (t) => {
+    if (cfg.clean_text ?? true) {
+      t = t.each((c) => (c === '\0' || c === '\uFFFD' || isControl(c)) ? [] : [isSpace(c) ? ' ' : c]);
+    }
+    if (cfg.handle_chinese_chars ?? true) {
+      // the space before takes the alignment of the character before it (or the start)
+      const chars = [], starts = [], ends = [];
+      t.chars.forEach((c, i) => {
+        if (isChinese(c)) {
+          const [s, e] = i > 0 ? [t.starts[i - 1], t.ends[i - 1]] : [t.at, t.at];
+          chars.push(' ', c, ' '); starts.push(s, t.starts[i], t.starts[i]); ends.push(e, t.ends[i], t.ends[i]);
+        } else {
+          chars.push(c); starts.push(t.starts[i]); ends.push(t.ends[i]);
+        }
+      });
+      t = new Aligned(chars, starts, ends, t.at);
+    }
+    if (stripAccents) t = stripMarks(nfd(t, 'NFD'));
+    if (lowercase) t = lower(t);
+    return t;
+  };
+}
+const nfd = (t, form) => t.each((c) => Array.from(c.normalize(form)));
+const stripMarks = (t) => t.each((c) => IS_MARK_NONSPACING.test(c) ? [] : [c]);
+const lower = (t) => t.each((c) => Array.from(c.toLowerCase()));  // one code point at a time, as Rust's char::to_lowercase
+
+function makeNormalizer(cfg) {
+  if (!cfg) return (t) => t;
+  switch (cfg.type) {
+    case 'BertNormalizer': return bertNormalizer(cfg);
+    case 'Lowercase': return lower;
+    case 'StripAccents': return stripMarks;
+    case 'NFD': return (t) => nfd(t, 'NFD');
+    case 'NFKD': return (t) => nfd(t, 'NFKD');
+    case 'Sequence': {
+      const steps = cfg.normalizers.map(makeNormalizer);
+      return (t) => steps.reduce((acc, f) => f(acc), t);
+    }
+    default: return unsupported('normalizer', cfg.type);
+  }
+}
+
+// ---------------------------------------------------------------- pre-tokenizers
+// Each takes a list of Aligned pieces and returns the next list (empty pieces dropped).
+
+// GPT-2's split pattern; \s is Unicode White_Space as in the library's Oniguruma regex
+const GPT2_SPLIT = /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+/gu;
+const BYTE_TO_CHAR = (() => {
+  const keep = (b) => (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+  const table = new Array(256);
+  let n = 0;
+  for (let b = 0; b < 256; b++) table[b] = String.fromCodePoint(keep(b) ? b : 256 + n++);
+  return table;
+})();
+const CHAR_TO_BYTE = new Map(BYTE_TO_CHAR.map((c, b) => [c, b]));
+const utf8 = new TextEncoder();
+const UTF8_DECODER = new TextDecoder('utf-8', {ignoreBOM: true});  // lossy, keeps a leading U+FEFF
+
+/** Split each piece where `isDelimiter` holds: drop the delimiters or keep each as its own piece. */
+function splitChars(pieces, isDelimiter, keep) {
+  return pieces.flatMap((t) => {
+    const ranges = [];
+    t.chars.forEach((c, i) => { if (isDelimiter(c)) ranges.push([i, i + 1]); });
+    return keep ? t.cut(ranges) : t.cut(ranges).filter((p) => !(p.length === 1 && isDelimiter(p.chars[0])));
+  });
+}
+
+/** Code point ranges of a global regex's matches in the piece's text. */
+function matchRanges(t, re) {
+  const text = t.text, ranges = [];
+  // code unit index -> code point index
+  const cp = new Int32Array(text.length + 1);
+  let k = 0;
+  for (let i = 0; i < text.length; k++) {
+    const w = text.codePointAt(i) > 0xFFFF ? 2 : 1;
+    for (let j = 0; j < w; j++) cp[i + j] = k;
+    i += w;
+  }
+  cp[text.length] = k;
+  for (const m of text.matchAll(re)) ranges.push([cp[m.index], cp[m.index + m[0].length]]);
+  return ranges;
+}
+
+function byteLevel(cfg) {
+  const addPrefixSpace = cfg.add_prefix_space ?? true;
+  const useRegex = cfg.use_regex ?? true;
+  return (pieces) => {
+    let out = pieces.map((t) => {
+      if (!addPrefixSpace || t.length === 0 || t.chars[0] === ' ') return t;
+      // the library's prepend: the space replaces the first character, which is inserted after it
+      return new Aligned([' ', ...t.chars], [t.starts[0], ...t.starts], [t.ends[0], ...t.ends], t.at);
+    });
+    if (useRegex) out = out.flatMap((t) => t.cut(matchRanges(t, GPT2_SPLIT)));
+    return out.map((t) => t.each((c) => Array.from(utf8.encode(c), (b) => BYTE_TO_CHAR[b])));
+  };
+}
+
+function makePreTokenizer(cfg) {
+  if (!cfg) return (pieces) => pieces;
+  switch (cfg.type) {
+    case 'BertPreTokenizer':
+      return (pieces) => splitChars(splitChars(pieces, isSpace, false), (c) => IS_BERT_PUNCT.test(c), true);
+    case 'WhitespaceSplit': return (pieces) => splitChars(pieces, isSpace, false);
+    case 'ByteLevel': return byteLevel(cfg);
+    case 'Sequence': {
+      const steps = cfg.pretokenizers.map(makePreTokenizer);
+      return (pieces) => steps.reduce((acc, f) => f(acc), pieces);
+    }
+    default: return unsupported('pre_tokenizer', cfg.type);
+  }
+}
+
+// ---------------------------------------------------------------- models
+// A model maps one piece's code points to tokens [id, value, start, end] (code point indexes in the piece).
+
+class WordPiece {
+  constructor(cfg) {
+    this.vocab = new Map(Object.entries(cfg.vocab));
+    this.unk = cfg.unk_token ?? '[UNK]';
+    this.prefix = cfg.continuing_subword_prefix ?? '##';
+    this.maxChars = cfg.max_input_chars_per_word ?? 100;
+  }
+  tokenize(chars) {
+    const unk = () => [[this.vocab.get(this.unk) ?? fail(`WordPiece: the unk_token '${this.unk}' is not in the vocabulary`),
+      this.unk, 0, chars.length]];
+    if (chars.length > this.maxChars) return unk();
+    const out = [];
+    for (let start = 0; start < chars.length;) {
+      let end = chars.length, found = null;
+      for (; end > start; end--) {
+        const sub = (start > 0 ? this.prefix : '') + chars.slice(start, end).join('');
+        const id = this.vocab.get(sub);
+        if (id !== undefined) { found = [id, sub, start, end]; break; }
+      }
+      if (!found) return unk();
+      out.push(found);
+      start = end;
+    }
+    return out;
+  }
+}
+
+class BPE {
+  constructor(cfg) {
+    if (cfg.dropout) fail('tokenizer.json: BPE with dropout is not supported (it is random)');
+    this.vocab = new Map(Object.entries(cfg.vocab));
+    this.unk = cfg.unk_token ?? null;
+    this.prefix = cfg.continuing_subword_prefix ?? '';
+    this.suffix = cfg.end_of_word_suffix ?? '';
+    this.fuseUnk = !!cfg.fuse_unk;
+    this.byteFallback = !!cfg.byte_fallback;
+    this.ignoreMerges = !!cfg.ignore_merges;
+    this.merges = new Map();  // "idA idB" -> [rank, new id]
+    cfg.merges.forEach((m, rank) => {
+      const [a, b] = typeof m === 'string' ? m.split(' ') : m;
+      const ia = this.vocab.get(a), ib = this.vocab.get(b);
+      const merged = this.vocab.get(a + (this.prefix && b.startsWith(this.prefix) ? b.slice(this.prefix.length) : b));
+      if (ia === undefined || ib === undefined || merged === undefined) {
+        fail(`tokenizer.json: BPE merge '${a} ${b}' uses a token that is not in the vocabulary`);
+      }
+      this.merges.set(`${ia} ${ib}`, [rank, merged]);
+    });
+    this.cache = new Map();
+  }
+  tokenize(chars) {
+    if (chars.length === 0) return [];
+    const word = chars.join('');
+    let hit = this.cache.get(word);
+    if (!hit) {
+      hit = this.merge(chars);
+      if (this.cache.size < 10000) this.cache.set(word, hit);
+    }
+    return hit;
+  }
+  merge(chars) {
+    if (this.ignoreMerges && this.vocab.has(chars.join(''))) return [[this.vocab.get(chars.join('')), chars.join(''), 0, chars.length]];
+    // symbols: [id, start, end]
+    let syms = [];
+    let unk = null;
+    const unkId = () => this.vocab.get(this.unk) ?? fail(`BPE: the unk_token '${this.unk}' is not in the vocabulary`);
+    chars.forEach((c, i) => {
+      const s = (i > 0 ? this.prefix : '') + c + (i === chars.length - 1 ? this.suffix : '');
+      const id = this.vocab.get(s);
+      if (id !== undefined) {
+        if (unk) { syms.push(unk); unk = null; }
+        syms.push([id, i, i + 1]);
+        return;
+      }
+      if (this.byteFallback) {
+        const ids = Array.from(utf8.encode(s),
+          (b) => this.vocab.get(`<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`));
+        if (ids.every((x) => x !== undefined)) {
+          if (unk) { syms.push(unk); unk = null; }
+          ids.forEach((x) => syms.push([x, i, i + 1]));
+          return;
+        }
+      }
+      if (this.unk !== null) {
+        if (unk && this.fuseUnk) unk[2] = i + 1;
+        else { if (unk) syms.push(unk); unk = [unkId(), i, i + 1]; }
+      }
+    });
+    if (unk) syms.push(unk);
+    // merge the adjacent pair of lowest rank (leftmost first) until none is left
+    for (;;) {
+      let best = -1, bestRank = Infinity, bestId = 0;
+      for (let i = 0; i + 1 < syms.length; i++) {
+        const m = this.merges.get(`${syms[i][0]} ${syms[i + 1][0]}`);
+        if (m && m[0] < bestRank) { best = i; bestRank = m[0]; bestId = m[1]; }
+      }
+      if (best < 0) break;
+      syms.splice(best, 2, [bestId, syms[best][1], syms[best + 1][2]]);
+    }
+    if (!this.vocabR) this.vocabR = invert(this.vocab);
+    return syms.map(([id, s, e]) => [id, this.vocabR[id], s, e]);
+  }
+}
+
+function invert(vocab) {
+  const r = [];
+  for (const [tok, id] of vocab) r[id] = tok;
+  return r;
+}
+
+function makeModel(cfg) {
+  if (!cfg) fail('tokenizer.json has no model section');
+  const type = cfg.type ?? (cfg.merges ? 'BPE' : cfg.continuing_subword_prefix !== undefined ? 'WordPiece' : undefined);
+  switch (type) {
+    case 'WordPiece': return new WordPiece(cfg);
+    case 'BPE': return new BPE(cfg);
+    default: return unsupported('model', type);
+  }
+}
+
+// ---------------------------------------------------------------- post-processors
+// Each takes [encoding, pair encoding or null] and returns one encoding; an encoding is
+// {ids, tokens, offsets, typeIds, specialTokensMask}.
+
+const special = (id, token, typeId) => ({ids: [id], tokens: [token], offsets: [[0, 0]], typeIds: [typeId],
+  specialTokensMask: [1]});
+function concat(parts) {
+  const out = {ids: [], tokens: [], offsets: [], typeIds: [], specialTokensMask: []};
+  for (const p of parts) for (const k of Object.keys(out)) out[k].push(...p[k]);
+  return out;
+}
+const withType = (e, typeId) => ({...e, typeIds: e.ids.map(() => typeId)});
+
+/** The ByteLevel post-processor's trim_offsets: leave leading and trailing spaces out of the offsets. */
+function trimOffsets(e, addPrefixSpace) {
+  const spaceLike = (c) => c === BYTE_TO_CHAR[32] || isSpace(c);
+  e.offsets = e.offsets.map(([s, t], i) => {
+    const chars = Array.from(e.tokens[i]);
+    let lead = 0, trail = 0;
+    while (lead < chars.length && spaceLike(chars[lead])) lead++;
+    while (trail < chars.length && spaceLike(chars[chars.length - 1 - trail])) trail++;
+    if (lead > 0) {
+      if ((i === 0 || s === 0) && addPrefixSpace && lead === 1) lead = 0;
+      s = Math.min(s + lead, t);
+    }
+    if (trail > 0 && t >= trail) t = Math.max(t - trail, s);
+    return [s, t];
+  });
+  return e;
+}
+
+function makePostProcessor(cfg) {
+  const plain = ([a, b]) => b ? concat([withType(a, 0), withType(b, 1)]) : withType(a, 0);
+  if (!cfg) return (seqs) => plain(seqs);
+  switch (cfg.type) {
+    case 'BertProcessing': {
+      const [cls, sep] = [cfg.cls, cfg.sep];
+      return ([a, b], add) => !add ? plain([a, b]) : concat([special(cls[1], cls[0], 0), withType(a, 0),
+        special(sep[1], sep[0], 0), ...(b ? [withType(b, 1), special(sep[1], sep[0], 1)] : [])]);
+    }
+    case 'RobertaProcessing': {
+      const [cls, sep] = [cfg.cls, cfg.sep];
+      return ([a, b], add) => {
+        if (cfg.trim_offsets) { trimOffsets(a, cfg.add_prefix_space); if (b) trimOffsets(b, cfg.add_prefix_space); }
+        return !add ? plain([a, b]) : concat([special(cls[1], cls[0], 0), withType(a, 0), special(sep[1], sep[0], 0),
+          ...(b ? [special(sep[1], sep[0], 0), withType(b, 0), special(sep[1], sep[0], 0)] : [])]);
+      };
+    }
+    case 'TemplateProcessing':
+      return ([a, b], add) => {
+        if (!add) return plain([a, b]);
+        return concat((b ? cfg.pair : cfg.single).map((piece) => {
+          if (piece.Sequence) return withType(piece.Sequence.id === 'A' ? a : b, piece.Sequence.type_id);
+          const tok = cfg.special_tokens[piece.SpecialToken.id] ??
+            fail(`tokenizer.json: TemplateProcessing names the special token '${piece.SpecialToken.id}' but does not define it`);
+          const typeId = piece.SpecialToken.type_id;
+          return {ids: tok.ids, tokens: tok.tokens, offsets: tok.ids.map(() => [0, 0]),
+            typeIds: tok.ids.map(() => typeId), specialTokensMask: tok.ids.map(() => 1)};
+        }));
+      };
+    case 'ByteLevel':
+      return ([a, b]) => {
+        if (cfg.trim_offsets) { trimOffsets(a, cfg.add_prefix_space); if (b) trimOffsets(b, cfg.add_prefix_space); }
+        return plain([a, b]);
+      };
+    case 'Sequence': {
+      if (cfg.processors.length === 1) return makePostProcessor(cfg.processors[0]);
+      if (cfg.processors.length === 2 && cfg.processors[0].type === 'ByteLevel') {
+        const [trim, rest] = cfg.processors.map(makePostProcessor);
+        return ([a, b], add) => rest([a, b].map((e) => e && trim([e], add)), add);
+      }
+      return unsupported('post_processor', 'Sequence of ' + cfg.processors.map((p) => p.type).join(', '));
+    }
+    default: return unsupported('post_processor', cfg.type);
+  }
+}
+
+// ---------------------------------------------------------------- decoders
+function wordPieceCleanup(s) {
+  return s.replaceAll(' .', '.').replaceAll(' ?', '?').replaceAll(' !', '!').replaceAll(' ,', ',')
+    .replaceAll(" ' ", "'").replaceAll(" n't", "n't").replaceAll(" 'm", "'m").replaceAll(' do not', " don't")
+    .replaceAll(" 's", "'s").replaceAll(" 've", "'ve").replaceAll(" 're", "'re");
+}
+
+function makeDecoder(cfg) {
+  if (!cfg) return (tokens) => tokens.join(' ');
+  switch (cfg.type) {
+    case 'WordPiece': {
+      const prefix = cfg.prefix ?? '##', cleanup = cfg.cleanup ?? true;
+      return (tokens) => tokens.map((t, i) => {
+        if (i > 0) t = t.startsWith(prefix) ? t.replace(prefix, '') : ' ' + t;
+        return cleanup ? wordPieceCleanup(t) : t;
+      }).join('');
+    }
+    case 'ByteLevel':
+      return (tokens) => {
+        const bytes = [];
+        for (const t of tokens) {
+          const chars = Array.from(t);
+          if (chars.every((c) => CHAR_TO_BYTE.has(c))) chars.forEach((c) => bytes.push(CHAR_TO_BYTE.get(c)));
+          else bytes.push(...utf8.encode(t));
+        }
+        return UTF8_DECODER.decode(new Uint8Array(bytes));
+      };
+    default: return unsupported('decoder', cfg.type);
+  }
+}
+
+// ---------------------------------------------------------------- added tokens
+class AddedTokens {
+  constructor(list, normalize) {
+    this.byId = new Map(list.map((t) => [t.id, t]));
+    this.byContent = new Map(list.map((t) => [t.content, t.id]));
+    // patterns by first code point, longest first (leftmost-longest matching)
+    const index = (tokens, content) => {
+      const m = new Map();
+      for (const t of tokens) {
+        const chars = content(t);
+        if (!chars.length) continue;
+        if (!m.has(chars[0])) m.set(chars[0], []);
+        m.get(chars[0]).push({token: t, chars});
+      }
+      for (const v of m.values()) v.sort((x, y) => y.chars.length - x.chars.length);
+      return m;
+    };
+    this.raw = index(list.filter((t) => !t.normalized), (t) => Array.from(t.content));
+    this.normalized = index(list.filter((t) => t.normalized), (t) => normalize(Aligned.of(t.content)).chars);
+  }
+  isSpecial(id) { return !!this.byId.get(id)?.special; }
+  /** Split `t` into pieces; a piece that is an added token gets `.tokenId`. */
+  split(t, which) {
+    const patterns = which === 'raw' ? this.raw : this.normalized;
+    if (patterns.size === 0 || t.length === 0) return [t];
+    const c = t.chars, ranges = [], ids = [];
+    let done = 0;
+    for (let i = 0; i < c.length;) {
+      const cands = patterns.get(c[i]);
+      const hit = cands && cands.find((p) => p.chars.every((x, k) => c[i + k] === x));
+      if (!hit) { i++; continue; }
+      let [start, stop] = [i, i + hit.chars.length];
+      const tok = hit.token;
+      if (tok.single_word && ((start > 0 && IS_WORD.test(c[start - 1])) || (stop < c.length && IS_WORD.test(c[stop])))) {
+        i++;
+        continue;
+      }
+      if (tok.lstrip) { let s = start; while (s > done && isSpace(c[s - 1])) s--; start = s; }
+      if (tok.rstrip) while (stop < c.length && isSpace(c[stop])) stop++;
+      ranges.push([start, stop]); ids.push(tok.id);
+      done = i = stop;
+    }
+    const out = [];
+    let last = 0;
+    ranges.forEach(([a, b], k) => {
+      if (a > last) out.push(t.slice(last, a));
+      const p = t.slice(a, b);
+      p.tokenId = ids[k];
+      out.push(p);
+      last = b;
+    });
+    if (last < c.length) out.push(t.slice(last, c.length));
+    return out;
+  }
+}
+
+// ---------------------------------------------------------------- the tokenizer
+export class Tokenizer {
+  /** Build from a parsed tokenizer.json (or its text). */
+  static fromJSON(json) {
+    if (typeof json === 'string') {
+      try { json = JSON.parse(json); } catch (e) { fail(`tokenizer.json is not valid JSON: ${e.message}`); }
+    }
+    if (!json || typeof json !== 'object') fail('tokenizer.json must hold a JSON object');
+    return new Tokenizer(json);
+  }
+
+  /** Fetch and read the tokenizer.json at `url` (relative to the page). */
+  static async fromURL(url, {fetch: get = globalThis.fetch} = {}) {
+    let response;
+    try { response = await get(url); } catch (e) { fail(`could not fetch ${url}: ${e.message}`); }
+    if (!response.ok) fail(`could not fetch ${url}: HTTP ${response.status}`);
+    return Tokenizer.fromJSON(await response.text());
+  }
+
+  constructor(json) {
+    for (const [section, value] of [['truncation', json.truncation], ['padding', json.padding]]) {
+      if (value) fail(`tokenizer.json: ${section} is set; this tokenizer does not truncate or pad`,
+        `set it to null and ${section === 'padding' ? 'pad' : 'truncate'} the ids yourself`);
+    }
+    this.normalize = makeNormalizer(json.normalizer);
+    this.preTokenize = makePreTokenizer(json.pre_tokenizer);
+    this.model = makeModel(json.model);
+    this.postProcess = makePostProcessor(json.post_processor);
+    this.decodeTokens = makeDecoder(json.decoder);
+    this.added = new AddedTokens(json.added_tokens ?? [], this.normalize);
+    this.vocab = new Map(this.model.vocab);
+    for (const [content, id] of this.added.byContent) this.vocab.set(content, id);
+    this.vocabR = invert(this.vocab);
+  }
+
+  get vocabSize() { return this.vocab.size; }
+  tokenToId(token) { return this.vocab.get(token); }
+  idToToken(id) { return this.vocabR[id]; }
+
+  /** Encode one sequence (and optionally a pair). Offsets count code points of each input. */
+  encode(text, {pair = null, addSpecialTokens = true} = {}) {
+    if (typeof text !== 'string') fail(`encode() needs a string, got ${typeof text}`);
+    const seqs = [this.encodeOne(text), pair === null ? null : this.encodeOne(pair)];
+    const e = this.postProcess(seqs, addSpecialTokens);
+    return {ids: e.ids, tokens: e.tokens, offsets: e.offsets, attentionMask: e.ids.map(() => 1),
+      typeIds: e.typeIds, specialTokensMask: e.specialTokensMask};
+  }
+
+  encodeOne(text) {
+    const e = {ids: [], tokens: [], offsets: [], typeIds: [], specialTokensMask: []};
+    const push = (id, token, offsets) => {
+      e.ids.push(id); e.tokens.push(token); e.offsets.push(offsets); e.typeIds.push(0); e.specialTokensMask.push(0);
+    };
+    for (const raw of this.added.split(Aligned.of(text), 'raw')) {
+      if (raw.tokenId !== undefined) { push(raw.tokenId, this.vocabR[raw.tokenId], raw.span(0, raw.length)); continue; }
+      for (const piece of this.added.split(this.normalize(raw), 'normalized')) {
+        if (piece.length === 0) continue;
+        if (piece.tokenId !== undefined) {
+          push(piece.tokenId, this.vocabR[piece.tokenId], piece.span(0, piece.length));
+          continue;
+        }
+        for (const word of this.preTokenize([piece])) {
+          if (word.length === 0) continue;
+          for (const [id, token, s, t] of this.model.tokenize(word.chars)) push(id, token, word.span(s, t));
+        }
+      }
+    }
+    return e;
+  }
+
+  /** The text of `ids`; special tokens are left out unless skipSpecialTokens is false. */
+  decode(ids, {skipSpecialTokens = true} = {}) {
+    const tokens = [];
+    for (const id of ids) {
+      const token = this.vocabR[Number(id)];
+      if (token === undefined) continue;
+      if (skipSpecialTokens && this.added.isSpecial(Number(id))) continue;
+      tokens.push(token);
+    }
+    return this.decodeTokens(tokens);
+  }
+}
+
+/** Turn code point offsets of `text` into UTF-16 indexes (what String.prototype.slice takes). */
+export function toUTF16Offsets(text, offsets) {
+  const at = [0];
+  for (const c of text) at.push(at[at.length - 1] + c.length);
+  return offsets.map(([s, e]) => [at[s], at[e]]);
+}
