@@ -234,6 +234,42 @@ class WordPiece {
   }
 }
 
+const PAIR = 2 ** 26;  // pair key = left id * PAIR + right id (exact below 2^53)
+
+/** A binary min-heap of merges ordered by (rank, position), as the library orders them. */
+class MergeHeap {
+  constructor() { this.items = []; }
+  static less(a, b) { return a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]); }
+  push(rank, pos, id) {
+    const h = this.items;
+    h.push([rank, pos, id]);
+    for (let i = h.length - 1; i > 0;) {
+      const p = (i - 1) >> 1;
+      if (!MergeHeap.less(h[i], h[p])) break;
+      [h[i], h[p]] = [h[p], h[i]];
+      i = p;
+    }
+  }
+  pop() {
+    const h = this.items;
+    if (!h.length) return null;
+    const top = h[0], last = h.pop();
+    if (h.length) {
+      h[0] = last;
+      for (let i = 0; ;) {
+        const l = 2 * i + 1, r = l + 1;
+        let m = i;
+        if (l < h.length && MergeHeap.less(h[l], h[m])) m = l;
+        if (r < h.length && MergeHeap.less(h[r], h[m])) m = r;
+        if (m === i) break;
+        [h[i], h[m]] = [h[m], h[i]];
+        i = m;
+      }
+    }
+    return top;
+  }
+}
+
 class BPE {
   constructor(cfg) {
     if (cfg.dropout) fail('tokenizer.json: BPE with dropout is not supported (it is random)');
@@ -244,15 +280,15 @@ class BPE {
     this.fuseUnk = !!cfg.fuse_unk;
     this.byteFallback = !!cfg.byte_fallback;
     this.ignoreMerges = !!cfg.ignore_merges;
-    this.merges = new Map();  // "idA idB" -> [rank, new id]
+    this.merges = new Map();  // idA * PAIR + idB -> [rank, new id]
     cfg.merges.forEach((m, rank) => {
       const [a, b] = typeof m === 'string' ? m.split(' ') : m;
       const ia = this.vocab.get(a), ib = this.vocab.get(b);
       const merged = this.vocab.get(a + (this.prefix && b.startsWith(this.prefix) ? b.slice(this.prefix.length) : b));
-      if (ia === undefined || ib === undefined || merged === undefined) {
+      if (ia === undefined || ib === undefined || merged === undefined || ia >= PAIR || ib >= PAIR) {
         fail(`tokenizer.json: BPE merge '${a} ${b}' uses a token that is not in the vocabulary`);
       }
-      this.merges.set(`${ia} ${ib}`, [rank, merged]);
+      this.merges.set(ia * PAIR + ib, [rank, merged]);
     });
     this.cache = new Map();
   }
@@ -295,16 +331,34 @@ class BPE {
       }
     });
     if (unk) syms.push(unk);
-    // merge the adjacent pair of lowest rank (leftmost first) until none is left
-    for (;;) {
-      let best = -1, bestRank = Infinity, bestId = 0;
-      for (let i = 0; i + 1 < syms.length; i++) {
-        const m = this.merges.get(`${syms[i][0]} ${syms[i + 1][0]}`);
-        if (m && m[0] < bestRank) { best = i; bestRank = m[0]; bestId = m[1]; }
-      }
-      if (best < 0) break;
-      syms.splice(best, 2, [bestId, syms[best][1], syms[best + 1][2]]);
+    return this.mergeAll(syms);
+  }
+  /** Merge the adjacent pair of lowest rank (leftmost first) until none is left. */
+  mergeAll(syms) {
+    // a linked list of symbols and a heap of candidate merges [rank, pos, new id]; stale entries are skipped
+    const n = syms.length, next = new Int32Array(n), prev = new Int32Array(n), alive = new Uint8Array(n).fill(1);
+    for (let i = 0; i < n; i++) { next[i] = i + 1 < n ? i + 1 : -1; prev[i] = i - 1; }
+    const heap = new MergeHeap();
+    const consider = (i) => {
+      if (i < 0 || next[i] < 0) return;
+      const m = this.merges.get(syms[i][0] * PAIR + syms[next[i]][0]);
+      if (m) heap.push(m[0], i, m[1]);
+    };
+    for (let i = 0; i + 1 < n; i++) consider(i);
+    for (let top; (top = heap.pop());) {
+      const [, pos, id] = top;
+      if (!alive[pos] || next[pos] < 0) continue;
+      const right = next[pos];
+      const m = this.merges.get(syms[pos][0] * PAIR + syms[right][0]);
+      if (!m || m[1] !== id) continue;
+      syms[pos] = [id, syms[pos][1], syms[right][2]];
+      alive[right] = 0;
+      next[pos] = next[right];
+      if (next[pos] >= 0) prev[next[pos]] = pos;
+      consider(prev[pos]);
+      consider(pos);
     }
+    syms = syms.filter((_, i) => alive[i]);
     if (!this.vocabR) this.vocabR = invert(this.vocab);
     return syms.map(([id, s, e]) => [id, this.vocabR[id], s, e]);
   }
