@@ -160,3 +160,77 @@ def test_tokenizer_js_matches_tokenizers(trained, tmp_path):
         if mismatches:
             failures.append(f"{name}: {len(mismatches)} differ, first: {mismatches[:3]!r}")
     assert not failures, "\n".join(failures)
+
+
+def node_eval(tmp_path: Path, body: str, args: list[str]):
+    """Run `body` (an async function body with Tokenizer, readFileSync and argv in scope) in node; its JSON result."""
+    script = tmp_path / "eval.mjs"
+    script.write_text(f"""
+import {{readFileSync}} from 'node:fs';
+import {{Tokenizer, toUTF16Offsets, WebireeError}} from '{(WEB / "tokenizer.js").as_uri()}';
+const argv = process.argv.slice(2);
+const result = await (async () => {{ {body} }})();
+process.stdout.write(JSON.stringify(result));
+""", encoding="utf-8")
+    proc = subprocess.run([NODE, str(script), *args], capture_output=True, text=True, timeout=NODE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_pairs_match_tokenizers(trained, tmp_path):
+    rng = random.Random(7)
+    strings = sample_strings(rng, 200)
+    pairs = [(strings[i], strings[-1 - i]) for i in range(100)]
+    (tmp_path / "pairs.json").write_text(json.dumps(pairs), encoding="utf-8")
+    for name in ("wordpiece-bert", "wordpiece-cased-template"):
+        got = node_eval(tmp_path, """
+          const tok = Tokenizer.fromJSON(readFileSync(argv[0], 'utf8'));
+          return JSON.parse(readFileSync(argv[1], 'utf8')).map(([a, b]) => {
+            const e = tok.encode(a, {pair: b});
+            return [e.ids, e.offsets, e.typeIds, e.specialTokensMask];
+          });""", [str(trained[name]), str(tmp_path / "pairs.json")])
+        ref = tokenizers.Tokenizer.from_file(str(trained[name]))
+        want = [[e.ids, [list(o) for o in e.offsets], e.type_ids, e.special_tokens_mask]
+                for e in (ref.encode(a, b) for a, b in pairs)]
+        assert got == want, name
+        print(f"\n{name}: {len(pairs)} sentence pairs identical")
+
+
+def test_offsets_slice_the_input(trained, tmp_path):
+    """toUTF16Offsets turns the code point offsets into string indexes that cut out each token."""
+    text = "Ça va? 👍🏽 東京 déjà"
+    got = node_eval(tmp_path, """
+      const tok = Tokenizer.fromJSON(readFileSync(argv[0], 'utf8'));
+      const e = tok.encode(argv[1], {addSpecialTokens: false});
+      return toUTF16Offsets(argv[1], e.offsets).map(([s, t]) => argv[1].slice(s, t));""",
+                    [str(trained["bpe-bytelevel"]), text])
+    ref = tokenizers.Tokenizer.from_file(str(trained["bpe-bytelevel"])).encode(text, add_special_tokens=False)
+    assert got == [text[s:e] for s, e in ref.offsets]
+
+
+@pytest.mark.parametrize("section, value, message", [
+    ("normalizer", {"type": "Precompiled", "precompiled_charsmap": ""}, "normalizer of type 'Precompiled'"),
+    ("pre_tokenizer", {"type": "Metaspace"}, "pre_tokenizer of type 'Metaspace'"),
+    ("model", {"type": "Unigram", "vocab": []}, "model of type 'Unigram'"),
+    ("post_processor", {"type": "Mystery"}, "post_processor of type 'Mystery'"),
+    ("decoder", {"type": "Metaspace"}, "decoder of type 'Metaspace'"),
+    ("truncation", {"max_length": 8}, "truncation is set"),
+])
+def test_unsupported_sections_throw_one_clear_error(trained, tmp_path, section, value, message):
+    doc = json.loads(trained["wordpiece-bert"].read_text(encoding="utf-8"))
+    doc[section] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    got = node_eval(tmp_path, """
+      try { Tokenizer.fromJSON(readFileSync(argv[0], 'utf8')); return null; }
+      catch (e) { return [e instanceof WebireeError, e.kind, e.message]; }""", [str(path)])
+    assert got is not None and got[:2] == [True, "tokenizer"] and message in got[2], got
+
+
+def test_sites_carry_the_tokenizer(tmp_path):
+    import webiree
+    from webiree.testing import models
+
+    webiree.compile(models.mlp(), tmp_path)
+    for name in ("tokenizer.js", "tokenizer.d.ts"):
+        assert (tmp_path / name).read_bytes() == (WEB / name).read_bytes()

@@ -20,6 +20,8 @@
 
 import {WebireeError} from './webiree.js';
 
+export {WebireeError};
+
 const fail = (message, hint) => { throw new WebireeError('tokenizer', message, hint); };
 const unsupported = (section, type) => fail(`tokenizer.json: ${section} of type '${type}' is not supported`,
   'supported: normalizer BertNormalizer, Lowercase, StripAccents, NFD, NFKD, Sequence; pre_tokenizer ' +
