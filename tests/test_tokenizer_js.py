@@ -108,6 +108,10 @@ def trained(tmp_path_factory):
     gpt2.train_from_iterator(lines, vocab_size=800, special_tokens=["<|endoftext|>"])
     gpt2.save(str(root / "gpt2.json"))
     paths["bpe-bytelevel"] = root / "gpt2.json"
+    legacy = json.loads((root / "gpt2.json").read_text(encoding="utf-8"))  # merges as "a b" strings
+    legacy["model"]["merges"] = [" ".join(m) for m in legacy["model"]["merges"]]
+    (root / "legacy.json").write_text(json.dumps(legacy), encoding="utf-8")
+    paths["bpe-bytelevel-string-merges"] = root / "legacy.json"
 
     prefixed = ByteLevelBPETokenizer(add_prefix_space=True, trim_offsets=True)
     prefixed.train_from_iterator(lines, vocab_size=500, special_tokens=["<|endoftext|>"])
