@@ -238,3 +238,17 @@ def test_sites_carry_the_tokenizer(tmp_path):
     webiree.compile(models.mlp(), tmp_path)
     for name in ("tokenizer.js", "tokenizer.d.ts"):
         assert (tmp_path / name).read_bytes() == (WEB / name).read_bytes()
+
+
+def test_every_code_point_matches(trained, tmp_path):
+    """Each code point alone, and between letters, encodes alike with the BERT tokenizer (the
+    character classes of its normalizer and pre-tokenizer) and the byte-level BPE one."""
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and (c < 0x32000 or c >= 0xE0000)]
+    strings = ["".join(f"a{c} " for c in chars[i:i + 128]) for i in range(0, len(chars), 128)]
+    got = run_node(tmp_path, {name: (trained[name], strings) for name in ("wordpiece-bert", "bpe-bytelevel")})
+    for name in ("wordpiece-bert", "bpe-bytelevel"):
+        ref = tokenizers.Tokenizer.from_file(str(trained[name]))
+        bad = [s for s, js, e in zip(strings, got[name]["results"], ref.encode_batch(strings), strict=True)
+               if js["ids"] != e.ids or js["offsets"] != [list(o) for o in e.offsets]]
+        print(f"\n{name}: {len(chars)} code points in {len(strings)} strings, {len(strings) - len(bad)} identical")
+        assert not bad, f"{name}: {len(bad)} strings differ, first code points: {[hex(ord(s[1])) for s in bad[:5]]}"
