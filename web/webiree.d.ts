@@ -17,9 +17,10 @@ export class Tensor<T extends TensorType = TensorType> {
   readonly size: number;
 }
 
-/** kind says what went wrong: the files, the feeds, the device, or the device's limits. */
+/** kind says what went wrong: the files, the feeds, the device, the device's limits, or a
+ * tokenizer.json that tokenizer.js cannot read. */
 export class WebireeError extends Error {
-  readonly kind: 'model' | 'feed' | 'device' | 'limits';
+  readonly kind: 'model' | 'feed' | 'device' | 'limits' | 'tokenizer';
   readonly hint?: string;
 }
 

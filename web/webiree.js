@@ -31,7 +31,7 @@ const CHECKED = ['max_compute_invocations_per_workgroup', 'max_compute_workgroup
   'max_compute_workgroups_per_dimension', 'max_storage_buffers_per_shader_stage',
   'max_storage_buffer_binding_size', 'max_buffer_size'];
 
-/** Every failure a caller can cause: kind is 'model', 'feed', 'device' or 'limits'. */
+/** Every failure a caller can cause: kind is 'model', 'feed', 'device', 'limits' or 'tokenizer' (tokenizer.js). */
 export class WebireeError extends Error {
   constructor(kind, message, hint) {
     super(hint ? `${message} (${hint})` : message);

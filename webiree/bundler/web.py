@@ -4,6 +4,8 @@
 
     webiree.js     the runtime (copied from web/, the one canonical copy)
     webiree.d.ts   its TypeScript declarations
+    tokenizer.js   Hugging Face tokenizer.json files in the page (text -> token ids)
+    tokenizer.d.ts its TypeScript declarations
     index.html     a demo page: loads the model with a progress bar, runs it on
                    the sample input, lets the user pick an image (one 1x3xHxW
                    float input) or type token ids (int64 inputs), shows the
@@ -21,7 +23,7 @@ server (`webiree serve DIR`, `python -m http.server`, a CDN).
 Where the runtime comes from: the canonical files live in the repository's
 `web/` folder and are found relative to this package (the repo root is
 `Path(webiree.__file__).parents[1]`); we install editable, so no package data
-is needed. A wheel build must copy web/webiree.js and web/webiree.d.ts into
+is needed. A wheel build must copy the files of assets.RUNTIME_FILES from web/ into
 `webiree/bundler/web_assets/` (generated, never edited); that folder is
 looked at second.
 """
