@@ -5,7 +5,8 @@ weights.bin that starts a weight page (`weight_pages`). webiree.js streams weigh
 GPU pages range by range, checks each range's hash, and keeps the file in the Cache API
 (`webiree-weights-v1`, keyed by the content hash): a second `create` makes no request for it.
 A download that does not match is fetched once more (bypassing the HTTP cache), then refused; a
-damaged cache entry is replaced by a download; `{cache: false}` always downloads.
+damaged cache entry is replaced by a download; `{cache: false}`, or a page without the Cache
+API, always downloads.
 
 The site: an MLP built with a small max_buffer_size so that its weights span two pages (and two
 hashed ranges), served by webiree's server on loopback (a secure context: the Cache API exists).
@@ -204,3 +205,23 @@ def test_cache_false_always_downloads(page, server, site):
         check_outputs(r, model, feeds)
         assert r["source"] == "network" and len(page.weight_requests) == n
     assert not evaluate(page, CACHE_JS, CACHE), "cache: false stores nothing"
+
+
+def test_without_the_cache_api_it_downloads(browser, server, site):
+    """Where the Cache API is missing (a non-secure context), every create downloads, as before."""
+    _, model, _ = site
+    feeds = sample_inputs(model)
+    ctx = browser.new_context()
+    ctx.add_init_script("delete Window.prototype.caches; delete globalThis.caches;")
+    try:
+        pg = ctx.new_page()
+        requests = []
+        pg.on("request", lambda r: requests.append(r.url) if r.url.endswith("/weights.bin") else None)
+        pg.goto(server + "blank.html")
+        assert evaluate(pg, "async () => typeof caches") == "undefined"
+        for n in (1, 2):
+            r = create(pg, server, "mlp2", feeds)
+            check_outputs(r, model, feeds)
+            assert r["source"] == "network" and len(requests) == n
+    finally:
+        ctx.close()
