@@ -45,7 +45,16 @@ export interface SessionOptions {
    * may go without any pipeline finishing (default 30000) */
   timeoutMs?: number;
   powerPreference?: 'low-power' | 'high-performance';
+  /** keep the weights in the Cache API (cache WEIGHTS_CACHE, keyed by the manifest's content hash)
+   * and read them from there on the next visit without a request for weights.bin; false never
+   * reads nor stores them (default true; where the Cache API is missing, e.g. a non-secure
+   * context, the weights are always downloaded). Downloaded or cached, the weights are verified
+   * against the manifest's SHA-256 hashes. */
+  cache?: boolean;
 }
+
+/** The name of the Cache API cache holding weights, one entry per content hash. */
+export const WEIGHTS_CACHE: 'webiree-weights-v1';
 
 export interface DispatchTime {
   name: string;
@@ -99,6 +108,8 @@ export class InferenceSession {
   /** the last profile taken, or null */
   readonly profile: DispatchTime[] | null;
   readonly manifest: Record<string, unknown>;
+  /** where this session's weights came from: the Cache API or the network */
+  readonly weightsSource: 'cache' | 'network';
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
   /** Destroy the session's GPU buffers and device. */
   release(): Promise<void>;

@@ -161,14 +161,19 @@ export function readModule(data) {
 }
 
 // ---------------------------------------------------------------- loading
-async function fetchBytes(url, onChunk) {
+async function fetchResponse(url, init) {
   let response;
   try {
-    response = await fetch(url);
+    response = await fetch(url, init);
   } catch (e) {
     fail('model', `cannot fetch ${url}: ${e.message}`, 'serve the build folder over http(s), e.g. `webiree serve DIR`');
   }
   if (!response.ok) fail('model', `cannot fetch ${url}: HTTP ${response.status}`, 'is this a webiree build folder?');
+  return response;
+}
+
+async function fetchBytes(url, onChunk) {
+  const response = await fetchResponse(url);
   if (!response.body) { const b = new Uint8Array(await response.arrayBuffer()); onChunk(b.length); return b; }
   const reader = response.body.getReader();
   const chunks = [];
@@ -184,6 +189,185 @@ async function fetchBytes(url, onChunk) {
   let p = 0;
   for (const c of chunks) { out.set(c, p); p += c.length; }
   return out;
+}
+
+// ---------------------------------------------------------------- weights: streamed, verified, cached
+// The manifest records weights.bin's SHA-256 ("hashes": {"weights": "sha256-<hex>"}) and the file cut
+// at the start of every weight page ("weight_pages": [{offset, size, sha256}], tiling the whole
+// file). crypto.subtle cannot hash incrementally, so each range is collected in one buffer, its
+// pages written to the GPU as soon as it is complete and its hash checked while the next range
+// streams in: at most one range and the chunks in flight are held in JS, never the whole file twice,
+// and every byte of the file is checked. A build without weight_pages is one range (the whole file,
+// checked against hashes.weights when given): today's one copy.
+// The bytes are kept in the Cache API (cache WEIGHTS_CACHE, keyed by the content hash, not the URL:
+// two sites with the same weights share one entry) and read from there on the next visit, with no
+// request for weights.bin. A damaged entry is deleted and the file downloaded; a download that does
+// not match is fetched once more bypassing the HTTP cache, then refused. An entry is only stored
+// whole and verified (its body stream is aborted otherwise, which makes cache.put store nothing).
+export const WEIGHTS_CACHE = 'webiree-weights-v1';
+
+async function sha256(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+  return 'sha256-' + Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/** The ranges of weights.bin to verify one by one, each with the weight pages inside it. */
+function weightRanges(manifest, module, file) {
+  const pages = module.buffers.map((b, i) => ({...b, index: i})).filter((b) => b.kind === 'weights' && b.size > 0);
+  const listed = manifest.weight_pages;
+  if (!Array.isArray(listed)) return [{offset: 0, size: null, sha256: manifest.hashes?.weights ?? null, pages}];
+  let end = 0;
+  const ranges = listed.map(({offset, size, sha256: hash}) => {
+    if (offset !== end || !(size >= 0)) fail('model', `manifest.json: weight_pages do not tile ${file}`, 'rebuild the model');
+    end += size;
+    return {offset, size, sha256: hash ?? null,
+      pages: pages.filter((b) => b.blobOffset >= offset && b.blobOffset + b.size <= offset + size)};
+  }).filter((r) => r.size > 0);
+  const expected = manifest.sizes?.weights_bytes ?? end;
+  if (end !== expected) fail('model', `manifest.json: weight_pages cover ${end} bytes of ${file}, sizes say ${expected}`, 'rebuild the model');
+  for (const b of pages) {
+    if (!ranges.some((r) => r.pages.includes(b))) {
+      fail('model', `${file} is ${end} bytes, too short for page ${b.name}`, 'the weights file is incomplete; rebuild or re-download it');
+    }
+  }
+  return ranges;
+}
+
+/**
+ * Stream `body` through the ranges: write each range's pages (write(page, bytes, offset)) once
+ * the range is complete, check its hash behind the stream. tee(chunk) sees every chunk.
+ * Returns null when every byte matched, else what did not.
+ */
+async function streamWeights(body, ranges, write, onChunk, tee) {
+  const reader = body?.getReader();
+  const open = [];          // the chunks of an open-ended range (a build without weight_pages)
+  let r = 0, fill = 0, total = 0, bad = null, checking = Promise.resolve(), extra = false;
+  let buf = ranges.length && ranges[0].size !== null ? new Uint8Array(ranges[0].size) : null;
+  const finish = async (range, bytes) => {
+    for (const b of range.pages) {
+      if (b.blobOffset - range.offset + b.size > bytes.length) {
+        fail('model', `weights.bin is ${bytes.length} bytes, too short for page ${b.name}`, 'the weights file is incomplete; rebuild or re-download it');
+      }
+      write(b, bytes, b.blobOffset - range.offset);
+    }
+    const before = checking;
+    checking = (async () => {
+      await before;
+      if (bad || !range.sha256) return;
+      const got = await sha256(bytes);
+      if (got !== range.sha256) bad = {range, got, length: bytes.length};
+    })();
+    await before;            // at most one range waits for its hash
+  };
+  while (reader) {
+    const {done, value} = await reader.read();
+    if (done) break;
+    onChunk(value.length);
+    await tee?.(value);
+    total += value.length;
+    for (let p = 0; p < value.length;) {
+      if (r >= ranges.length) { extra = true; break; }
+      const range = ranges[r];
+      if (range.size === null) { open.push(value.slice(p)); break; }
+      const n = Math.min(range.size - fill, value.length - p);
+      buf.set(value.subarray(p, p + n), fill);
+      fill += n;
+      p += n;
+      if (fill === range.size) {
+        await finish(range, buf);
+        r++;
+        fill = 0;
+        buf = r < ranges.length && ranges[r].size !== null ? new Uint8Array(ranges[r].size) : null;
+      }
+    }
+  }
+  if (r < ranges.length && ranges[r].size === null) {
+    const all = new Uint8Array(total);
+    let p = 0;
+    for (const c of open) { all.set(c, p); p += c.length; }
+    open.length = 0;
+    await finish(ranges[r], all);
+    r++;
+  }
+  await checking;
+  const expected = ranges.reduce((n, x) => n + (x.size ?? 0), 0);
+  if (r < ranges.length || extra) return {total, expected};
+  return bad;
+}
+
+/** The Cache API entry being written: chunks go in as they arrive; only commit() stores it. */
+function cacheWriter(cache, key) {
+  const {readable, writable} = new TransformStream();
+  const stored = cache.put(key, new Response(readable, {headers: {'content-type': 'application/octet-stream'}}));
+  stored.catch(() => {});
+  const writer = writable.getWriter();
+  let ok = true;
+  return {
+    async write(chunk) {
+      if (!ok) return;
+      try { await writer.ready; writer.write(chunk).catch(() => { ok = false; }); } catch { ok = false; }
+    },
+    async commit() {
+      if (ok) await writer.close().then(() => stored).catch(() => {});
+    },
+    abort() { writer.abort(new Error('webiree: weights do not match the manifest')).catch(() => {}); },
+  };
+}
+
+async function openCache(options, hash) {
+  if (options.cache === false || !hash || !globalThis.caches) return null;
+  try { return await globalThis.caches.open(WEIGHTS_CACHE); } catch { return null; }  // opaque origins throw
+}
+
+/**
+ * Load the weights into the session's pages: from the Cache API when it holds them, else from url.
+ * onChunk(n, retry): n more bytes arrived; retry(n): n bytes already counted were thrown away.
+ * Returns where they came from: 'cache' or 'network'.
+ */
+async function loadWeights({url, file, manifest, module, options, write, onChunk, retry}) {
+  const ranges = weightRanges(manifest, module, file);
+  const hash = manifest.hashes?.weights;
+  const cache = await openCache(options, hash);
+  const key = cache && new Request(new URL(`/.webiree-weights/${hash}`, url));
+  let counted = 0;
+  const count = (n) => { counted += n; onChunk(n); };
+  const again = () => { retry(counted); counted = 0; };
+  if (cache) {
+    const hit = await cache.match(key).catch(() => null);
+    if (hit) {
+      const bad = await streamWeights(hit.body, ranges, write, count).catch(() => ({}));
+      if (!bad) return 'cache';
+      await cache.delete(key).catch(() => {});
+      again();
+    }
+  }
+  for (let attempt = 0; ; attempt++) {
+    const response = await fetchResponse(url, attempt ? {cache: 'reload'} : undefined);
+    const entry = cache ? cacheWriter(cache, key) : null;
+    let bad;
+    try {
+      bad = await streamWeights(response.body, ranges, write, count, entry && ((c) => entry.write(c)));
+    } catch (e) {
+      entry?.abort();
+      if (e instanceof WebireeError) throw e;
+      fail('model', `cannot fetch ${url}: ${e.message}`, 'the download broke off; reload the page');
+    }
+    if (!bad) {
+      await entry?.commit();
+      return 'network';
+    }
+    entry?.abort();
+    if (attempt) {
+      const {range, got, total, expected} = bad;
+      const whole = ranges.length === 1;
+      fail('model', range
+        ? `${file}${whole ? '' : ` (bytes ${range.offset}-${range.offset + range.size - 1})`} has hash ${got}; ` +
+          `the manifest says ${range.sha256}${whole ? '' : ` (whole file: ${hash})`}`
+        : `${file} is ${total} bytes; the manifest says ${expected} (${hash})`,
+      'the file changed since the build; rebuild or re-upload the whole build folder');
+    }
+    again();
+  }
 }
 
 function checkLimits(needed, adapter) {
@@ -238,7 +422,8 @@ export function chromeTrace(info, ts, count) {
 export class InferenceSession {
   /**
    * Load a build folder (URL relative to the page) and prepare it on a new WebGPU device.
-   * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference}
+   * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference, cache}
+   * cache: false never reads or stores the weights in the Cache API (see WEIGHTS_CACHE).
    */
   static async create(url, options = {}) {
     const timeout = options.timeoutMs ?? TIMEOUT_MS;
@@ -263,10 +448,9 @@ export class InferenceSession {
     progress.total = progress.loaded + (manifest.sizes?.module_bytes ?? 0) + (manifest.sizes?.weights_bytes ?? 0);
     const adapterPromise = withTimeout(gpu.requestAdapter({powerPreference: options.powerPreference ?? 'high-performance'}),
       timeout, 'navigator.gpu.requestAdapter()');
-    const [moduleBytes, weights, adapter] = await Promise.all([
-      fetchBytes(new URL(moduleFile, base), (n) => report(moduleFile, n)),
-      fetchBytes(new URL(weightsFile, base), (n) => report(weightsFile, n)),
-      adapterPromise]);
+    // the weights are fetched only once the adapter can run the module (limits and features checked)
+    const [moduleBytes, adapter] = await Promise.all([
+      fetchBytes(new URL(moduleFile, base), (n) => report(moduleFile, n)), adapterPromise]);
     const module = readModule(moduleBytes);
     if (!adapter) fail('device', 'WebGPU is present but no GPU adapter is available', 'enable hardware acceleration, or try another browser');
     const requiredLimits = checkLimits(module.limits, adapter);
@@ -280,8 +464,10 @@ export class InferenceSession {
       fail('device', `the WebGPU adapter refused a device: ${e.message}`);
     }
     const session = new InferenceSession(module, device, manifest, timeout);
+    const weights = (write) => loadWeights({url: new URL(weightsFile, base), file: weightsFile, manifest, module, options, write,
+      onChunk: (n) => report(weightsFile, n), retry: (n) => { progress.total += n; }});
     try {
-      await session._prepare(weights);
+      session.weightsSource = await session._prepare(weights);
     } catch (e) {
       session._released = true;
       device.destroy();
@@ -319,21 +505,16 @@ export class InferenceSession {
     return withTimeout(Promise.race([promise, this._lost]), this.timeoutMs, what);
   }
 
-  async _prepare(weights) {
+  /** Create the buffers, stream the weights into their pages (loadWeights(write)) while the
+   * pipelines compile, and record the command list. Returns where the weights came from. */
+  async _prepare(loadWeights) {
     const {module: m, device: d} = this;
     const U = GPUBufferUsage;
     d.pushErrorScope('out-of-memory');
     d.pushErrorScope('validation');
-    this.buffers = m.buffers.map((b, i) => {
-      const buf = d.createBuffer({label: b.name || `${b.kind}${i}`, size: Math.max(b.size, 4), usage: U.STORAGE | U.COPY_SRC | U.COPY_DST});
-      if (b.kind === 'weights') {
-        if (b.blobOffset + b.size > weights.length) {
-          fail('model', `weights.bin is ${weights.length} bytes, too short for page ${b.name}`, 'the weights file is incomplete; rebuild or re-download it');
-        }
-        d.queue.writeBuffer(buf, 0, weights, b.blobOffset, b.size);
-      }
-      return buf;
-    });
+    this.buffers = m.buffers.map((b, i) => d.createBuffer({label: b.name || `${b.kind}${i}`, size: Math.max(b.size, 4),
+      usage: U.STORAGE | U.COPY_SRC | U.COPY_DST}));
+    const loading = loadWeights((b, bytes, offset) => d.queue.writeBuffer(this.buffers[b.index], 0, bytes, offset, b.size));
     // Pipelines compile in parallel; a slow compiler (SwiftShader) may take minutes for all of
     // them, so the timeout is "no pipeline finished for timeoutMs", not a limit per pipeline.
     let lastProgress = performance.now(), ready = 0, watch;
@@ -346,7 +527,7 @@ export class InferenceSession {
       watch = setTimeout(check, 250);
     });
     stalled.catch(() => {});
-    const pipelines = await Promise.all(m.executables.map(async (e) => {
+    const [pipelines, source] = await Promise.all([Promise.all(m.executables.map(async (e) => {
       if (e.format !== 'wgsl') fail('model', `executable ${e.name} is SPIR-V; browsers take WGSL only`, 'rebuild the model for WebGPU');
       let code = new TextDecoder().decode(e.code);
       // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
@@ -368,7 +549,7 @@ export class InferenceSession {
         fail('device', `cannot create the pipeline of dispatch ${e.name}: ${notes.length ? notes.join('; ') : err.message}`,
           'this is a webiree bug: the browser rejected WGSL it emitted; please report it with the model');
       }
-    })).finally(() => clearTimeout(watch));
+    })).finally(() => clearTimeout(watch)), loading]);
     const names = (m.info.dispatches ?? []).map((x) => x.name);
     const regs = new Array(Math.max(m.registers, 1)).fill(0);
     this.uploads = [];
@@ -408,6 +589,7 @@ export class InferenceSession {
     const errors = [await this._gpu(d.popErrorScope(), 'popErrorScope()'), await this._gpu(d.popErrorScope(), 'popErrorScope()')];
     const error = errors.find(Boolean);
     if (error) fail('device', `WebGPU rejected the model while preparing it: ${error.message}`);
+    return source;
   }
 
   /** Check one feed and convert it to the kernels' 32-bit storage. */

@@ -3,7 +3,7 @@
 
 Output layout (stable; see docs/schedule-module.md):
 
-    DIR/manifest.json      model name, inputs, outputs, sizes, build options, version
+    DIR/manifest.json      model name, inputs, outputs, sizes, content hashes, build options, version
     DIR/model.wrm          the schedule module
     DIR/weights.bin        the weights blob
     DIR/shaders/*.wgsl     every executable, for reading (the module embeds them)
@@ -11,10 +11,20 @@ Output layout (stable; see docs/schedule-module.md):
     DIR/tokenizer.json     the Hugging Face tokenizer given with --tokenizer, byte for byte
 
 Builds are reproducible: no timestamps, stable ordering, same bytes twice.
+
+Content hashes (for webiree.js, which verifies what it downloads and caches the
+weights under their hash):
+
+    "hashes": {"module": "sha256-<hex>", "weights": "sha256-<hex>"}   whole files
+    "weight_pages": [{"offset", "size", "sha256"}, ...]   weights.bin cut at the
+        start of every weight page (the module's buffers of kind 'weights'): the
+        ranges tile the whole file, so checking each range checks every byte, and
+        the runtime can verify and upload one page while the next one streams in.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +37,19 @@ from ..module import write_module
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, SHADER_DIR, TOKENIZER_FILE, WEIGHTS_FILE
 from ..version import __version__
 
+
+
+def sha256_tag(data: bytes) -> str:
+    """The manifest's hash notation (as in Subresource Integrity, but hex): 'sha256-<hex>'."""
+    return "sha256-" + hashlib.sha256(data).hexdigest()
+
+
+def weight_ranges(module, weights: bytes) -> list[dict]:
+    """weights.bin cut at the start of every weight page: contiguous ranges covering the whole
+    file (padding goes with the page before it), each with its SHA-256."""
+    cuts = sorted({0, len(weights)} | {b.blob_offset for b in module.buffers
+                                       if b.kind == "weights" and b.size and b.blob_offset < len(weights)})
+    return [{"offset": a, "size": b - a, "sha256": sha256_tag(weights[a:b])} for a, b in zip(cuts, cuts[1:])]
 
 
 def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer: bytes | None = None) -> dict:
@@ -60,6 +83,8 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer
         "files": files,
         "sizes": {"module_bytes": len(module_bytes), "weights_bytes": len(result.weights),
                   "arena_bytes": result.plan.arena_peak},
+        "hashes": {"module": sha256_tag(module_bytes), "weights": sha256_tag(result.weights)},
+        "weight_pages": weight_ranges(m, bytes(result.weights)),
         "dispatches": len(result.dispatches),
         "executables": len(m.executables),
         "build_options": options,
