@@ -96,6 +96,14 @@ class Template:
         return _join(parts)
 
 
+def _trimmed(proc, a, b):
+    """The two sequences with their offsets trimmed of the spaces byte-level BPE keeps in tokens,
+    where the processor's trim_offsets says so."""
+    if not proc.trim:
+        return a, b
+    return trim_offsets(a, proc.add_prefix_space), None if b is None else trim_offsets(b, proc.add_prefix_space)
+
+
 class Roberta(Template):
     def __init__(self, spec: dict):
         t = Template.bert(spec, roberta=True)
@@ -104,10 +112,7 @@ class Roberta(Template):
         self.add_prefix_space = spec.get("add_prefix_space", True)
 
     def __call__(self, a, b):
-        if self.trim:
-            a = trim_offsets(a, self.add_prefix_space)
-            b = None if b is None else trim_offsets(b, self.add_prefix_space)
-        return super().__call__(a, b)
+        return super().__call__(*_trimmed(self, a, b))
 
 
 class ByteLevel:
@@ -116,9 +121,7 @@ class ByteLevel:
         self.add_prefix_space = spec.get("add_prefix_space", True)
 
     def __call__(self, a, b):
-        if self.trim:
-            a = trim_offsets(a, self.add_prefix_space)
-            b = None if b is None else trim_offsets(b, self.add_prefix_space)
+        a, b = _trimmed(self, a, b)
         return a if b is None else _join([a, _retype(b, 1)])
 
 
