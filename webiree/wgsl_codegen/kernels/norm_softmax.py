@@ -19,6 +19,7 @@ class _Rows:
     def __init__(self, cfg, rows: int, inner: int, r: int, limits: dict):
         self.lane = cfg.strategy == Strategy.ROW_PER_INVOCATION
         self.wg, self.rows, self.inner, self.r, self.limits = cfg.workgroup_size[0], rows, inner, r, limits
+        self.arrays: list[str] = []  # one workgroup array per combine()
 
     def setup(self) -> list:
         row = lvar("row", "i32")
@@ -34,13 +35,21 @@ class _Rows:
             For(var_name, lid(), i32(self.r), body, step=self.wg)
 
     def combine(self, name: str, combine, value: kir.Expr) -> list:
-        """Let `name` = the row's combination of every invocation's `value`."""
+        """Let `name` = the row's combination of every invocation's `value`.
+
+        Each combination reduces in its own workgroup array, never written again after its result
+        is read: Mesa's GLSL compiler (llvmpipe, under Dawn's OpenGL ES backend) moves a read of
+        workgroup memory past barrier() to the read's uses, so a later reduction that reused the
+        array fed the first one's users another invocation's partial value (MiniLM's LayerNorm
+        mean, issue #19 item 6)."""
         if self.lane:
             return [Let(name, value)]
-        return tree("red", self.wg, combine, value, "f32") + [Let(name, kir.sload("red", i32(0), "f32")), Barrier()]
+        red = f"red{len(self.arrays)}" if self.arrays else "red"
+        self.arrays.append(red)
+        return tree(red, self.wg, combine, value, "f32") + [Let(name, kir.sload(red, i32(0), "f32")), Barrier()]
 
     def shared(self) -> list:
-        return [] if self.lane else [kir.SharedArray("red", "f32", self.wg)]
+        return [kir.SharedArray(red, "f32", self.wg) for red in self.arrays]
 
     def grid(self):
         return grid_for(-(-self.rows // self.wg) if self.lane else self.rows, self.limits)
