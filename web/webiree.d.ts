@@ -15,6 +15,16 @@ export class Tensor<T extends TensorType = TensorType> {
   readonly data: TensorDataMap[T];
   readonly dims: number[];
   readonly size: number;
+  /** 'cpu' for tensors made with `new Tensor`; 'gpu-buffer' for an output kept on the GPU
+   * (run(feeds, {keep})); 'none' once such a tensor is disposed. Reading `data` of a GPU tensor
+   * throws: use getData(). */
+  readonly location: 'cpu' | 'gpu-buffer' | 'none';
+  /** the GPU tensor's own buffer (location 'gpu-buffer' only) */
+  readonly gpuBuffer?: GPUBuffer;
+  /** the data: at once for a CPU tensor, read back from the GPU for a GPU tensor */
+  getData(): Promise<TensorDataMap[T]>;
+  /** free a GPU tensor's buffer (session.release() frees them too); no-op for a CPU tensor */
+  dispose(): void;
 }
 
 /** kind says what went wrong: the files, the feeds, the device, the device's limits, or a
@@ -77,6 +87,9 @@ export type Results = Record<string, Tensor> & {
 
 export interface RunOptions {
   profile?: boolean;
+  /** outputs to leave on the GPU: returned as Tensors with location 'gpu-buffer', not read
+   * back; feed one to a later run of the same session and it is copied on the GPU */
+  keep?: string[];
 }
 
 export interface ScheduleModule {
@@ -110,7 +123,10 @@ export class InferenceSession {
   readonly manifest: Record<string, unknown>;
   /** where this session's weights came from: the Cache API or the network */
   readonly weightsSource: 'cache' | 'network';
+  /** feeds may hold GPU tensors this session returned (run(feeds, {keep})) */
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
+  /** bytes the last run read back from the GPU (kept outputs are not read) */
+  readonly lastReadbackBytes?: number;
   /** Destroy the session's GPU buffers and device. */
   release(): Promise<void>;
 }

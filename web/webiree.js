@@ -69,7 +69,35 @@ export class Tensor {
     this.data = data;
     this.dims = dims ? Array.from(dims, Number) : [data.length];
     this.size = data.length;
+    this.location = 'cpu';
   }
+
+  /** The tensor's data (a GPU tensor is read back from its buffer). */
+  async getData() {
+    if (this.location === 'cpu') return this.data;
+    if (this.location !== 'gpu-buffer') fail('feed', `tensor '${this._io?.name}' was disposed`);
+    return this._session._download(this);
+  }
+
+  /** Free a GPU tensor's buffer now (also done by session.release()); a CPU tensor has nothing to free. */
+  dispose() {
+    if (this.location !== 'gpu-buffer') return;
+    this._session._resident.delete(this);
+    this.gpuBuffer.destroy();
+    this.gpuBuffer = undefined;
+    this.location = 'none';
+  }
+}
+
+/** An output kept on the GPU (run(feeds, {keep})): location 'gpu-buffer', its own gpuBuffer. */
+function gpuTensor(session, io, buffer) {
+  const t = Object.create(Tensor.prototype);
+  Object.defineProperty(t, 'data', {get() {
+    fail('feed', `tensor '${io.name}' is on the GPU (location '${t.location}')`, 'use await tensor.getData()');
+  }});
+  Object.assign(t, {type: ONNX_TYPES[io.onnxType]?.[0] ?? 'float32', dims: [...io.dims],
+    size: io.dims.reduce((a, b) => a * b, 1), location: 'gpu-buffer', gpuBuffer: buffer, _session: session, _io: io});
+  return t;
 }
 
 // ---------------------------------------------------------------- module reader
@@ -586,10 +614,68 @@ export class InferenceSession {
       this.items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size: Math.ceil(io.size / 4) * 4});
     }
     this.dispatchCount = this.items.filter((it) => it.bindGroup).length;
+    this._dispatchItems = this.items.filter((it) => it.bindGroup);
+    this._plans = new Map([[m.outputs.map((io) => io.name).join('\0'), {items: this.items, readbacks: this.readbacks, size: readbackSize}]]);
+    this._resident = new Set();
     const errors = [await this._gpu(d.popErrorScope(), 'popErrorScope()'), await this._gpu(d.popErrorScope(), 'popErrorScope()')];
     const error = errors.find(Boolean);
     if (error) fail('device', `WebGPU rejected the model while preparing it: ${error.message}`);
     return source;
+  }
+
+  /** The commands reading back only the outputs in `read` (names), packed in the readback buffer. */
+  _plan(read) {
+    const key = read.join('\0');
+    let plan = this._plans.get(key);
+    if (!plan) {
+      const items = [...this._dispatchItems], readbacks = [];
+      let at = 0;
+      for (const io of this.module.outputs) {
+        if (!read.includes(io.name)) continue;
+        const size = Math.ceil(io.size / 4) * 4;
+        readbacks.push({io, at});
+        items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size});
+        at += size;
+      }
+      plan = {items, readbacks, size: at};
+      this._plans.set(key, plan);
+    }
+    return plan;
+  }
+
+  /** Check a GPU tensor fed as input `io`. */
+  _checkGpuFeed(io, t) {
+    const name = t._io?.name ?? '?';
+    if (t._session !== this) fail('feed', `input '${io.name}' is GPU tensor '${name}' of another session`, 'a GPU tensor feeds only the session that made it; feed await tensor.getData() instead');
+    if (t.location !== 'gpu-buffer') fail('feed', `input '${io.name}' is GPU tensor '${name}', which was disposed`, 'feed a GPU tensor before disposing it');
+    const want = ONNX_TYPES[io.onnxType]?.[0];
+    if (t.type !== want || t._io.dtype !== io.dtype) fail('feed', `input '${io.name}' must be ${want}, got GPU tensor '${name}' of ${t.type}`, `feed a tensor of type ${want}`);
+    if (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i])) {
+      fail('feed', `input '${io.name}' has shape ${show(t.dims)} (GPU tensor '${name}'); the model was compiled for ${show(io.dims)}`, 'feed exactly that shape');
+    }
+  }
+
+  /** Read a GPU tensor back (Tensor.getData). */
+  _download(t) {
+    const result = this._queue.then(async () => {
+      if (this._released) fail('device', 'the session was released', 'create a new session');
+      if (t.location !== 'gpu-buffer') fail('feed', `tensor '${t._io.name}' was disposed`);
+      const size = Math.max(Math.ceil(t._io.size / 4) * 4, 4);
+      const staging = this.device.createBuffer({label: `read ${t._io.name}`, size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+      try {
+        const enc = this.device.createCommandEncoder();
+        enc.copyBufferToBuffer(t.gpuBuffer, 0, staging, 0, size);
+        this.device.queue.submit([enc.finish()]);
+        await this._gpu(staging.mapAsync(GPUMapMode.READ), 'reading a GPU tensor (mapAsync)');
+        const raw = new Uint8Array(staging.getMappedRange().slice(0));
+        staging.unmap();
+        return this._decode(t._io, raw).data;
+      } finally {
+        staging.destroy();
+      }
+    });
+    this._queue = result.catch(() => {});
+    return result;
   }
 
   /** Check one feed and convert it to the kernels' 32-bit storage. */
@@ -649,7 +735,10 @@ export class InferenceSession {
     return new Tensor(type, data, io.dims);
   }
 
-  /** Run the model. feeds: {inputName: Tensor}; options: {profile: true} adds results.profile. */
+  /** Run the model. feeds: {inputName: Tensor}; options: {profile: true} adds results.profile;
+   * {keep: [output names]} leaves those outputs on the GPU: they come back as Tensors with
+   * location 'gpu-buffer' (await t.getData() reads one, t.dispose() frees it) and can be fed to a
+   * later run of this session, copied on the GPU into the input (copyBufferToBuffer). */
   run(feeds, options = {}) {
     const result = this._queue.then(() => this._run(feeds, options));
     this._queue = result.catch(() => {});
@@ -666,12 +755,26 @@ export class InferenceSession {
     if (unknown.length) fail('feed', `unknown input name(s) ${JSON.stringify(unknown)}`, `the model's inputs are ${JSON.stringify(this.inputNames)}`);
     const missing = this.inputNames.filter((k) => !(k in feeds));
     if (missing.length) fail('feed', `missing input(s) ${JSON.stringify(missing)}`, `the model's inputs are ${JSON.stringify(this.inputNames)}`);
-    const encoded = m.inputs.map((io) => this._encode(io, feeds[io.name]));
+    const keep = [...new Set(options.keep ?? [])];
+    const badKeep = keep.filter((k) => !this.outputNames.includes(k));
+    if (badKeep.length) fail('feed', `keep names unknown output(s) ${JSON.stringify(badKeep)}`, `the model's outputs are ${JSON.stringify(this.outputNames)}`);
+    const onGpu = (t) => t instanceof Tensor && t.location !== 'cpu';
+    const encoded = m.inputs.map((io) => {
+      const t = feeds[io.name];
+      if (onGpu(t)) { this._checkGpuFeed(io, t); return t; }
+      return this._encode(io, t);
+    });
+    const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)));
 
     d.pushErrorScope('validation');
+    const enc = d.createCommandEncoder();
     for (const i of this.uploads) {
       const io = m.inputs[i];
-      if (encoded[i].byteLength) d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
+      if (onGpu(encoded[i])) {   // copied on the GPU into the input's place, before the dispatches
+        if (io.size) enc.copyBufferToBuffer(encoded[i].gpuBuffer, 0, this.buffers[io.buffer], io.offset, Math.ceil(io.size / 4) * 4);
+      } else if (encoded[i].byteLength) {
+        d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
+      }
     }
     const profile = options.profile && this.hasTimestamps && this.dispatchCount > 0;
     if (profile && !this._query) {
@@ -680,10 +783,9 @@ export class InferenceSession {
       this._resolve = d.createBuffer({size: 8 * n, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC});
       this._times = d.createBuffer({size: 8 * n, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
     }
-    const enc = d.createCommandEncoder();
     let pass = null;
     let k = 0;
-    for (const it of this.items) {
+    for (const it of plan.items) {
       if (it.bindGroup) {
         if (profile) {
           pass?.end();
@@ -702,6 +804,16 @@ export class InferenceSession {
       }
     }
     pass?.end();
+    const results = {};
+    for (const name of keep) {
+      const io = m.outputs[this.outputNames.indexOf(name)];
+      const size = Math.ceil(io.size / 4) * 4;
+      const buffer = d.createBuffer({label: `kept ${name}`, size: Math.max(size, 4), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
+      if (size) enc.copyBufferToBuffer(this.buffers[io.buffer], io.offset, buffer, 0, size);
+      const t = gpuTensor(this, io, buffer);
+      this._resident.add(t);
+      results[name] = t;
+    }
     if (profile) {
       enc.resolveQuerySet(this._query, 0, 2 * this.dispatchCount, this._resolve, 0);
       enc.copyBufferToBuffer(this._resolve, 0, this._times, 0, 16 * this.dispatchCount);
@@ -709,13 +821,19 @@ export class InferenceSession {
     d.queue.submit([enc.finish()]);
     const [error] = await Promise.all([
       this._gpu(d.popErrorScope(), 'popErrorScope()'),
-      this._gpu(this.readback.mapAsync(GPUMapMode.READ), 'reading the results (mapAsync)'),
+      plan.size ? this._gpu(this.readback.mapAsync(GPUMapMode.READ, 0, plan.size), 'reading the results (mapAsync)') : null,
       profile ? this._gpu(this._times.mapAsync(GPUMapMode.READ), 'reading the timestamps (mapAsync)') : null]);
-    const raw = new Uint8Array(this.readback.getMappedRange().slice(0));
-    this.readback.unmap();
-    if (error) fail('device', `WebGPU rejected a command: ${error.message}`);
-    const results = {};
-    for (const {io, at} of this.readbacks) results[io.name] = this._decode(io, raw.subarray(at, at + io.size));
+    let raw = new Uint8Array(0);
+    if (plan.size) {
+      raw = new Uint8Array(this.readback.getMappedRange(0, plan.size).slice(0));
+      this.readback.unmap();
+    }
+    this.lastReadbackBytes = plan.size;
+    if (error) {
+      for (const name of keep) results[name].dispose();
+      fail('device', `WebGPU rejected a command: ${error.message}`);
+    }
+    for (const {io, at} of plan.readbacks) results[io.name] = this._decode(io, raw.subarray(at, at + io.size));
     if (profile) {
       const ts = new BigInt64Array(this._times.getMappedRange().slice(0));
       this._times.unmap();
@@ -734,6 +852,7 @@ export class InferenceSession {
     await this._queue;
     if (!this._lostError) await this._gpu(this.device.queue.onSubmittedWorkDone(), 'onSubmittedWorkDone()').catch(() => {});
     this._released = true;
+    for (const t of [...(this._resident ?? [])]) t.dispose();
     for (const b of [...(this.buffers ?? []), this.readback, this._resolve, this._times]) b?.destroy();
     this._query?.destroy();
     this.device.destroy();

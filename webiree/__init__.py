@@ -23,4 +23,7 @@ def __getattr__(name):
     if name == "InferenceSession":
         from .session import InferenceSession
         return InferenceSession
+    if name == "DeviceTensor":
+        from .hal_webgpu.interpreter import DeviceTensor
+        return DeviceTensor
     raise AttributeError(name)

@@ -19,7 +19,7 @@ from .dtypes import BY_ONNX, RUNTIME_TYPES, STORAGE_NUMPY
 from .errors import FeedError, ModelError
 from .hal_webgpu.feeds import check_names, type_name
 from .hal_webgpu.hal import run_sync
-from .hal_webgpu.interpreter import Interpreter
+from .hal_webgpu.interpreter import DeviceTensor, Interpreter
 from .hal_webgpu.trace import chrome_trace
 
 NUMPY_OF_ONNX = {t: np.dtype(d.numpy).type for t, d in RUNTIME_TYPES.items()}
@@ -135,17 +135,28 @@ class InferenceSession:
         a = np.frombuffer(raw, dtype=store).reshape(io.shape)
         return a.astype(NUMPY_OF_ONNX.get(io.onnx_type, a.dtype))
 
-    def run(self, output_names, input_feed: dict, profile: bool = False) -> list[np.ndarray]:
+    def run(self, output_names, input_feed: dict, profile: bool = False, keep=None) -> list:
+        """Outputs named in output_names (None: all) as numpy arrays, in that order. keep: output
+        names to leave on the GPU: those come back as DeviceTensors (not read back; `.numpy()`
+        reads one, `.release()` frees it) and can be fed to a later run of this session, where
+        they are copied on the GPU into the input. A feed may be a DeviceTensor of this session."""
         if not isinstance(input_feed, dict):
-            raise FeedError("feeds must be a dict {input name: array}")
+            raise FeedError("feeds must be a dict {input name: array or DeviceTensor}")
         by_name = {io.name: io for io in self.module.inputs}
         wanted = check_names(self.module, input_feed, output_names)
-        feeds = {n: self._encode(by_name[n], v) for n, v in input_feed.items()}
+        keep = [keep] if isinstance(keep, str) else list(keep or ())
+        unknown = [n for n in keep if n not in wanted]
+        if unknown:
+            names = [io.name for io in self.module.outputs]
+            raise FeedError(f"keep names {unknown}, which {'is' if len(unknown) == 1 else 'are'} not among the "
+                            f"outputs returned", hint=f"keep names outputs of the model ({names}) that run returns")
+        feeds = {n: v if isinstance(v, DeviceTensor) else self._encode(by_name[n], v) for n, v in input_feed.items()}
         self.driver.last_spans = None
-        raw, times = run_sync(self.interp.run_raw(feeds, profile))
+        raw, times = run_sync(self.interp.run_raw(feeds, profile, keep, wanted))
         self.last_profile = times
         spans = self.driver.last_spans
         self.last_trace = chrome_trace(self.module.info.get("dispatches", []), spans,
                                        self.module.info.get("model", "")) if spans else None
-        outs = {io.name: self._decode(io, raw[io.name]) for io in self.module.outputs}
+        outs = {io.name: raw[io.name] if isinstance(raw[io.name], DeviceTensor) else self._decode(io, raw[io.name])
+                for io in self.module.outputs if io.name in raw}
         return [outs[n] for n in wanted]

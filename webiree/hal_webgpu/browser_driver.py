@@ -312,6 +312,10 @@ class BrowserDriver(Driver):
 
     def destroy_buffer(self, buffer):
         buffer.destroy()
+        for i, b in enumerate(self._buffers):   # device tensors come and go: do not hold them
+            if b is buffer or b == buffer:
+                del self._buffers[i]
+                break
 
     def write_buffer(self, buffer, offset, data):
         self.device.queue.writeBuffer(buffer, offset, self._ffi.to_js(memoryview(data).cast("B")))
@@ -376,6 +380,19 @@ class BrowserDriver(Driver):
         if _missing(times):
             return Ready(None)
         return self._times(times)
+
+    def copy(self, copies):
+        """copyBufferToBuffer for each (src, src_offset, dst, dst_offset, size), one submit
+        (outside the recorded item list, so the schedule's JS array is not rebuilt)."""
+        self._check_alive()
+        try:
+            enc = self.device.createCommandEncoder()
+            for src, so, dst, do, size in copies:
+                enc.copyBufferToBuffer(src, so, dst, do, size)
+            self.device.queue.submit(self._ffi.to_js([enc.finish()]))
+        except self._ffi.JsException as e:
+            raise DeviceError(f"copying a device tensor failed: {getattr(e, 'message', e)}") from None
+        return Ready(None)
 
     async def _times(self, promise):
         times = await self._wait(promise, "reading the timestamps")

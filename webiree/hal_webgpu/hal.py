@@ -63,6 +63,12 @@ class Driver:
         device has timestamp queries, else None (awaitable)."""
         raise NotImplementedError
 
+    def copy(self, copies: list):
+        """Submit buffer-to-buffer copies [(src, src_offset, dst, dst_offset, size)] (sizes and
+        offsets multiples of 4) in one command buffer, after everything submitted before;
+        awaitable. Drivers may do it more directly than this."""
+        return self.submit([("copy", *c) for c in copies])
+
     def read_buffer(self, buffer, offset: int, size: int):
         """Awaitable bytes of a 'readback' buffer after the last submit."""
         raise NotImplementedError

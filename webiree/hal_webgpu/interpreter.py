@@ -6,14 +6,80 @@ weight upload, every pipeline (created concurrently where the driver can),
 bind groups, and the recorded list of dispatches. `run()` then only writes
 the inputs, submits that list in one command encoder and reads all outputs
 back with one copy into one readback buffer.
+
+GPU-resident tensors: `run_raw(..., keep=names)` leaves those outputs on the
+device, each copied into a buffer of its own (a `DeviceTensor`) instead of the
+readback buffer, and a `DeviceTensor` fed as an input is copied on the GPU into
+the input's place (`driver.copy`, copyBufferToBuffer). The schedule module is
+unchanged: only the copies around its dispatches differ.
 """
 
 from __future__ import annotations
 
 from ..errors import DeviceError, FeedError, LimitsError, ModelError
 from ..module import format as F
-from .feeds import decode_output, encode_input
+from .feeds import decode_output, encode_input, type_name
 from .requirements import check_requirements
+
+def _round4(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+class DeviceTensor:
+    """An output kept on the GPU: its own storage buffer holding the tensor in the kernels'
+    32-bit storage. name, shape, onnx_type (ONNX element type), dtype (storage), size (bytes).
+    Feed it back to the session that made it; `read()` (awaitable storage bytes) or, natively,
+    `numpy()` reads it back on demand; `release()` frees it (also done when its session closes)."""
+
+    def __init__(self, owner: "Interpreter", buffer, io):
+        self._owner = owner
+        self.buffer = buffer
+        self.name = io.name
+        self.shape = tuple(io.shape)
+        self.onnx_type = io.onnx_type
+        self.dtype = io.dtype
+        self.size = io.size
+
+    @property
+    def released(self) -> bool:
+        return self.buffer is None
+
+    def release(self) -> None:
+        """Free the GPU buffer now (idempotent)."""
+        owner, buf = self._owner, self.buffer
+        self.buffer = None
+        if owner is not None and buf is not None:
+            owner._resident.pop(id(self), None)
+            try:
+                owner.driver.destroy_buffer(buf)
+            except Exception:
+                pass
+
+    async def read(self) -> bytes:
+        """The tensor's storage bytes, read back from the GPU."""
+        if self.buffer is None:
+            raise FeedError(f"device tensor {self.name!r} was released", hint="keep it until it is read")
+        return await self._owner.read_tensor(self)
+
+    async def read_value(self):
+        """(array.array, onnx_type), as Interpreter.run returns outputs."""
+        io = self._owner._out_by_name[self.name]
+        return decode_output(io, await self.read())
+
+    def numpy(self):
+        """The tensor as a numpy array of its ONNX type (native drivers only)."""
+        import numpy as np
+
+        from ..dtypes import RUNTIME_TYPES, STORAGE_NUMPY
+        from .hal import run_sync
+        raw = run_sync(self.read())
+        a = np.frombuffer(raw, dtype=STORAGE_NUMPY[self.dtype]).reshape(self.shape)
+        return a.astype(np.dtype(RUNTIME_TYPES[self.onnx_type].numpy))
+
+    def __repr__(self):
+        state = "released" if self.released else "on the GPU"
+        return f"DeviceTensor({self.name!r}, shape={list(self.shape)}, onnx_type={self.onnx_type}, {state})"
+
 
 class Interpreter:
     def __init__(self, module: F.Module, driver, weights):
@@ -28,6 +94,9 @@ class Interpreter:
         self.readback = None
         self.readback_size = 0
         self.prepared = False
+        self._plans = {}       # frozenset of output indices read back -> (items, readbacks, size)
+        self._resident = {}    # id -> DeviceTensor made by this interpreter and not released
+        self._out_by_name = {io.name: io for io in module.outputs}
 
     async def prepare(self):
         try:
@@ -37,7 +106,10 @@ class Interpreter:
             raise
 
     def release(self) -> None:
-        """Destroy every GPU buffer this interpreter created (idempotent)."""
+        """Destroy every GPU buffer this interpreter created (idempotent), device tensors included."""
+        for t in list(self._resident.values()):
+            t.release()
+        self._plans = {}
         bufs, self.buffers = self.buffers, []
         if self.readback is not None:
             bufs.append(self.readback)
@@ -88,9 +160,11 @@ class Interpreter:
             elif op == F.OP_ARITH:
                 _, aop, dst, a, b = cmd
                 regs[dst] = _arith(F.ARITH_OPS[aop], regs[a], regs[b])
+        self.dispatches = list(self.items)
         self.readback = d.create_buffer(max(self.readback_size, 4), "readback", "readback")
         for _, buf, off, dst, size in self.readbacks:
             self.items.append(("copy", self.buffers[buf], off, self.readback, dst, (size + 3) // 4 * 4))
+        self._plans[frozenset(range(len(m.outputs)))] = (self.items, self.readbacks, self.readback_size)
         self.prepared = True
         return self
 
@@ -100,8 +174,40 @@ class Interpreter:
     def output_names(self):
         return [io.name for io in self.m.outputs]
 
-    async def run_raw(self, feeds: dict, profile: bool = False):
-        """feeds: name -> storage bytes. Returns ({name: storage bytes}, per-dispatch ns or None)."""
+    def _plan(self, read: frozenset):
+        """(items, readbacks, readback size) reading back only the outputs `read` (by index),
+        packed at the start of the one readback buffer; made once per set."""
+        plan = self._plans.get(read)
+        if plan is None:
+            items, readbacks, at = list(self.dispatches), [], 0
+            for i, buf, off, _, size in self.readbacks:
+                if i in read:
+                    readbacks.append((i, buf, off, at, size))
+                    items.append(("copy", self.buffers[buf], off, self.readback, at, _round4(size)))
+                    at += _round4(size)
+            plan = self._plans[read] = (items, readbacks, at)
+        return plan
+
+    def _device_feed(self, io, t: DeviceTensor):
+        if t._owner is not self:
+            raise FeedError(f"input {io.name!r} is device tensor {t.name!r} of another session",
+                            hint="a device tensor feeds only the session that made it; "
+                                 "read it with .numpy() and feed the array")
+        if t.released:
+            raise FeedError(f"input {io.name!r} is device tensor {t.name!r}, which was released",
+                            hint="feed a device tensor before releasing it")
+        if tuple(t.shape) != tuple(io.shape):
+            raise FeedError(f"input {io.name!r} has shape {tuple(t.shape)} (device tensor {t.name!r}); "
+                            f"the model was compiled for {tuple(io.shape)}", hint="feed exactly that shape")
+        if t.onnx_type != io.onnx_type or t.dtype != io.dtype or t.size != io.size:
+            raise FeedError(f"input {io.name!r} must be {type_name(io.onnx_type)}, got device tensor {t.name!r} "
+                            f"of {type_name(t.onnx_type)}", hint="feed a tensor of the input's type")
+
+    async def run_raw(self, feeds: dict, profile: bool = False, keep=(), outputs=None):
+        """feeds: name -> storage bytes or a DeviceTensor of this interpreter. keep: output names
+        to leave on the GPU, returned as new DeviceTensors; outputs: the names to return (None:
+        all); only those not kept are read back. Returns ({name: storage bytes | DeviceTensor},
+        per-dispatch ns or None)."""
         m, d = self.m, self.driver
         if not self.prepared:
             raise DeviceError("this session is closed (or was never prepared)", hint="create a new session")
@@ -111,30 +217,78 @@ class Interpreter:
         extra = sorted(set(feeds) - {io.name for io in m.inputs})
         if extra:
             raise FeedError(f"unknown input name(s) {extra}", hint=f"the model's inputs are {self.input_names()}")
-        for index, buf, off in self.uploads:
-            io = m.inputs[index]
+        index = {io.name: i for i, io in enumerate(m.outputs)}
+        keep = list(dict.fromkeys(keep or ()))
+        wanted = list(index) if outputs is None else list(outputs)
+        bad = [n for n in keep + wanted if n not in index]
+        if bad:
+            raise FeedError(f"unknown output name(s) {bad}", hint=f"the model's outputs are {self.output_names()}")
+        copies = []
+        for i, buf, off in self.uploads:
+            io = m.inputs[i]
             data = feeds[io.name]
-            if len(data) != io.size:
+            if isinstance(data, DeviceTensor):
+                self._device_feed(io, data)
+                if io.size:
+                    copies.append((data.buffer, 0, buf, off, _round4(io.size)))
+            elif len(data) != io.size:
                 raise FeedError(f"input {io.name!r} has {len(data)} bytes, expected {io.size}")
-            if len(data):   # an empty tensor has nothing to upload
+        for i, buf, off in self.uploads:
+            io = m.inputs[i]
+            data = feeds[io.name]
+            if not isinstance(data, DeviceTensor) and len(data):   # an empty tensor has nothing to upload
                 d.write_buffer(buf, off, data)
-        times = await d.submit(self.items, profile)
-        raw = await d.read_buffer(self.readback, 0, max(self.readback_size, 4))
-        raw = memoryview(raw)
-        out = {m.outputs[i].name: bytes(raw[dst:dst + size]) for i, _, _, dst, size in self.readbacks}
+        if copies:
+            await d.copy(copies)
+        items, readbacks, size = self._plan(frozenset(index[n] for n in wanted if n not in keep))
+        times = await d.submit(items, profile)
+        out = {}
+        if keep:
+            kept = []
+            for n in keep:
+                io = m.outputs[index[n]]
+                t = DeviceTensor(self, d.create_buffer(max(_round4(io.size), 4), "storage", f"kept {n}"), io)
+                self._resident[id(t)] = t
+                out[n] = t
+                if io.size:
+                    kept.append((self.buffers[io.buffer], io.offset, t.buffer, 0, _round4(io.size)))
+            if kept:
+                await d.copy(kept)
+        if readbacks:
+            raw = memoryview(await d.read_buffer(self.readback, 0, max(size, 4)))
+            for i, _, _, dst, n in readbacks:
+                out[m.outputs[i].name] = bytes(raw[dst:dst + n])
         return out, times
 
-    async def run(self, feeds: dict, profile: bool = False):
-        """feeds: name -> (data, onnx_type or None). Returns {name: (array.array, onnx_type)}."""
+    async def read_tensor(self, t: DeviceTensor) -> bytes:
+        """Read a device tensor back through a staging buffer of its size."""
+        d = self.driver
+        if not t.size:
+            return b""
+        staging = d.create_buffer(_round4(t.size), "readback", f"read {t.name}")
+        try:
+            await d.copy([(t.buffer, 0, staging, 0, _round4(t.size))])
+            raw = await d.read_buffer(staging, 0, _round4(t.size))
+        finally:
+            d.destroy_buffer(staging)
+        return bytes(memoryview(raw)[:t.size])
+
+    async def run(self, feeds: dict, profile: bool = False, keep=()):
+        """feeds: name -> (data, onnx_type or None) or a DeviceTensor. Returns {name: (array.array,
+        onnx_type)}, with a DeviceTensor for each output named in keep."""
         enc = {}
         by_name = {io.name: io for io in self.m.inputs}
         for name, value in feeds.items():
             if name not in by_name:
                 raise FeedError(f"unknown input name {name!r}", hint=f"the model's inputs are {self.input_names()}")
+            if isinstance(value, DeviceTensor):
+                enc[name] = value
+                continue
             data, onnx_type = value if isinstance(value, tuple) else (value, None)
             enc[name] = encode_input(by_name[name], data, onnx_type)
-        raw, _ = await self.run_raw(enc, profile)
-        return {io.name: decode_output(io, raw[io.name]) for io in self.m.outputs}
+        raw, _ = await self.run_raw(enc, profile, keep)
+        return {io.name: raw[io.name] if isinstance(raw[io.name], DeviceTensor) else decode_output(io, raw[io.name])
+                for io in self.m.outputs}
 
 
 def _arith(op: str, a: int, b: int) -> int:

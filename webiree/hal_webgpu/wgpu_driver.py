@@ -277,6 +277,14 @@ class WgpuDriver(Driver):
             self.device.queue.submit([enc.finish()])
         return Ready(times)
 
+    def copy(self, copies):
+        """copyBufferToBuffer for each (src, src_offset, dst, dst_offset, size), one submit."""
+        enc = self.device.create_command_encoder()
+        for src, so, dst, do, size in copies:
+            enc.copy_buffer_to_buffer(src, so, dst, do, size)
+        self.device.queue.submit([enc.finish()])
+        return Ready(None)
+
     def _parts(self, items):
         """`items` cut after every submit_chunk dispatches (computed once per schedule)."""
         if self._chunks[0] is not items:
