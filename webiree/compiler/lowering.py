@@ -463,7 +463,7 @@ def round_narrow_outputs(ctx: Lowering, node: Node, first_op: int) -> None:
             if ctx.rounded.get(root) != kind:   # a view of a tensor not rounded alike: copy it rounded
                 shape = ctx.shape(out)
                 del ctx.tensors[out]
-                ctx.generic(out, shape, "f32", lambda cs, r=root, sh=ctx.tensors[root].shape:
+                ctx.generic(out, shape, "f32", lambda cs, r=root:
                             kir.unary(fn, kir.load(r, flat_of(cs, shape), "f32")))
         elif isinstance(producer, Generic):
             producer.expr = kir.unary(fn, producer.expr)
