@@ -56,8 +56,9 @@ EXCLUSIONS = {
     "training op": "ops of the ai.onnx.preview.training domain (gradients, optimizers)",
     "sequence/optional/map/string types": "inputs, outputs or ops on values that are not numeric tensors",
     "64-bit float required": "float64 inputs or outputs (WGSL has no f64)",
-    "float16/bfloat16/float8/int4 types": "narrow float and sub-byte types in the inputs, outputs or constants "
-                                          "(kernels compute in f32/i32/u32 only)",
+    "float8/int4 types": "float8, float4, int4/int2 and complex types in the inputs, outputs or constants "
+                         "(kernels compute in f32/i32/u32; float16 and bfloat16 are computed in f32 and "
+                         "rounded to their type)",
     "64-bit integers beyond int32": "int64/uint64 values outside the 32-bit range WGSL computes with",
     "random numbers": "outputs drawn from a random generator (cannot match the reference bit for bit)",
     "dynamic shape/data-dependent output shape": "the output shape depends on the values of a data input",
@@ -81,6 +82,14 @@ FAILURE_NOTES = {
                         "holds the reference's own float32 rounding, 1.9e-7, above atol=1e-7",
     "test_dft_inverse_opset19": "as test_dft_inverse",
 }
+# the reference computes these in float16 / bfloat16 numpy arithmetic, rounding every intermediate (the scores,
+# each step of the softmax); webiree computes the op in f32 and rounds its result once (as onnxruntime's CPU
+# kernels do): they differ by one ulp of the narrow type, above rtol=1e-3 (a bfloat16 ulp is 2^-8 relative)
+for _case in ("3d_causal_bf16", "4d_attn_mask_causal_bf16", "4d_causal_bf16", "4d_causal_fp16", "4d_causal_padded_kv_bf16",
+              "4d_padded_kv_bf16"):
+    for _name in (f"test_attention_{_case}", f"test_attention_{_case}_expanded"):
+        FAILURE_NOTES[_name] = ("one narrow-type ulp: the reference rounds every intermediate to the narrow type, "
+                                "webiree computes in f32 and rounds the result")
 
 
 # onnxruntime's contrib operators are not in the ONNX suite: each is tested against onnxruntime CPU
@@ -273,13 +282,13 @@ def exclusion_reason(model, data_sets) -> str | None:
         return "sequence/optional/map/string types"
     if T.DOUBLE in elem_types:
         return "64-bit float required"
-    narrow = {T.FLOAT16, T.BFLOAT16, T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ,
+    narrow = {T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ,
               T.INT4, T.UINT4, T.COMPLEX64, T.COMPLEX128}
     for extra in ("FLOAT4E2M1", "FLOAT8E8M0", "INT2", "UINT2"):
         if hasattr(T, extra):
             narrow.add(getattr(T, extra))
     if elem_types & narrow:
-        return "float16/bfloat16/float8/int4 types"
+        return "float8/int4 types"
     if any(n.op_type in RANDOM_OPS for n in nodes):
         return "random numbers"
     for n in nodes:

@@ -38,4 +38,4 @@ def test_names_are_onnxruntimes_and_codes_fit_numpy():
             assert array.array(d.host_code).itemsize * 8 >= d.bits, d
     assert dtypes.BY_NAME["float32"].ort_type == "tensor(float)"
     assert dtypes.BY_NAME["int64"].ort_type == "tensor(int64)"
-    assert [dtypes.storage_of(t) for t in (1, 7, 13, 9, 10)] == ["f32", "i32", "u32", "bool", None]
+    assert [dtypes.storage_of(t) for t in (1, 7, 13, 9, 10, 16, 11)] == ["f32", "i32", "u32", "bool", "f32", "f32", None]

@@ -22,9 +22,26 @@ const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => Math
 // ONNX element type -> [tensor type name, typed array class]
 const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: ['int8', Int8Array],
   4: ['uint16', Uint16Array], 5: ['int16', Int16Array], 6: ['int32', Int32Array], 7: ['int64', BigInt64Array],
-  9: ['bool', Uint8Array], 11: ['float64', Float64Array], 12: ['uint32', Uint32Array],
-  13: ['uint64', BigUint64Array]};
+  9: ['bool', Uint8Array], 10: ['float16', Uint16Array], 11: ['float64', Float64Array], 12: ['uint32', Uint32Array],
+  13: ['uint64', BigUint64Array], 16: ['bfloat16', Uint16Array]};
 const ARRAY_OF = Object.fromEntries(Object.values(ONNX_TYPES));
+// float16 / bfloat16 are computed in f32 (dtypes.py `rounded`): feeds are Uint16Array bits (float16 also a
+// Float16Array where the browser has one), outputs Uint16Array bits; both conversions are exact
+const F16_ARRAY = globalThis.Float16Array;
+function f32OfF16Bits(h) {
+  const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e === 0) return s * m * 2 ** -24;
+  if (e === 31) return m ? NaN : s * Infinity;
+  return s * (1024 + m) * 2 ** (e - 25);
+}
+function f16BitsOfF32Bits(u) {  // u: the bits of an f32 that is a float16 value (kernels rounded it)
+  const sign = (u >>> 16) & 0x8000, a = u & 0x7fffffff;
+  if (a > 0x7f800000) return sign | 0x7e00;
+  if (a === 0x7f800000) return sign | 0x7c00;
+  if (a >= 0x38800000) return sign | ((a - 0x38000000) >>> 13);
+  const f = new Float32Array(new Uint32Array([a]).buffer)[0];
+  return sign | Math.round(f * 2 ** 24);
+}
 // limits the module records; "max_*" must not exceed the adapter's, "min_*" must be multiples of it
 const CHECKED = ['max_compute_invocations_per_workgroup', 'max_compute_workgroup_size_x',
   'max_compute_workgroup_size_y', 'max_compute_workgroup_size_z', 'max_compute_workgroup_storage_size',
@@ -690,9 +707,13 @@ export class InferenceSession {
     }
     const data = tensor.data;
     const n = io.dims.reduce((a, b) => a * b, 1);
-    if (!(data instanceof ONNX_TYPES[io.onnxType][1]) || data.length !== n) {
+    const f16Array = io.onnxType === 10 && F16_ARRAY && data instanceof F16_ARRAY;
+    if (!(data instanceof ONNX_TYPES[io.onnxType][1] || f16Array) || data.length !== n) {
       fail('feed', `input '${io.name}' has ${data?.length} ${data?.constructor?.name} elements; shape ${show(io.dims)} needs ${n} (${ONNX_TYPES[io.onnxType][1].name})`);
     }
+    if (f16Array) return Float32Array.from(data);
+    if (io.onnxType === 10) return Float32Array.from(data, f32OfF16Bits);
+    if (io.onnxType === 16) return new Float32Array(Uint32Array.from(data, (b) => b << 16).buffer);
     if (io.dtype === 'f32') return data;
     if (io.dtype === 'bool') return Uint32Array.from(data, (v) => (v ? 1 : 0));
     if (data instanceof BigInt64Array) {  // narrow to i32: the high word must be the sign of the low word
@@ -729,7 +750,10 @@ export class InferenceSession {
     const raw = io.dtype === 'f32' ? new Float32Array(bytes.buffer, bytes.byteOffset, n)
       : io.dtype === 'i32' ? new Int32Array(bytes.buffer, bytes.byteOffset, n) : new Uint32Array(bytes.buffer, bytes.byteOffset, n);
     let data;
-    if (Cls === BigInt64Array || Cls === BigUint64Array) data = Cls.from(raw, BigInt);
+    if (io.onnxType === 10 || io.onnxType === 16) {
+      const bits = new Uint32Array(bytes.buffer, bytes.byteOffset, n);
+      data = io.onnxType === 10 ? Uint16Array.from(bits, f16BitsOfF32Bits) : Uint16Array.from(bits, (u) => u >>> 16);
+    } else if (Cls === BigInt64Array || Cls === BigUint64Array) data = Cls.from(raw, BigInt);
     else if (type === 'bool') data = Uint8Array.from(raw, (v) => (v ? 1 : 0));
     else data = Cls.from(raw);
     return new Tensor(type, data, io.dims);

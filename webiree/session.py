@@ -22,8 +22,21 @@ from .hal_webgpu.hal import run_sync
 from .hal_webgpu.interpreter import DeviceTensor, Interpreter
 from .hal_webgpu.trace import chrome_trace
 
-NUMPY_OF_ONNX = {t: np.dtype(d.numpy).type for t, d in RUNTIME_TYPES.items()}
-ONNX_OF_NUMPY = {np.dtype(v): k for k, v in NUMPY_OF_ONNX.items()}
+try:   # numpy has no bfloat16: ml_dtypes' (onnx's own dependency) where installed, else its uint16 bits
+    from ml_dtypes import bfloat16 as _BFLOAT16
+except ImportError:     # pragma: no cover
+    _BFLOAT16 = np.uint16
+NUMPY_OF_ONNX = {t: (_BFLOAT16 if d.name == "bfloat16" else np.dtype(d.numpy).type) for t, d in RUNTIME_TYPES.items()}
+ONNX_OF_NUMPY = {np.dtype(v): k for k, v in NUMPY_OF_ONNX.items() if k != 16 or v is not np.uint16}
+
+
+def f32_of_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, dtype="<u2").astype("<u4") << 16).view("<f4")
+
+
+def bf16_bits_of_f32(a: np.ndarray) -> np.ndarray:
+    """The upper halves of f32 values already rounded to bfloat16 (exact)."""
+    return (np.ascontiguousarray(a, dtype="<f4").view("<u4") >> 16).astype("<u2")
 
 
 @dataclass
@@ -109,13 +122,17 @@ class InferenceSession:
             raise FeedError(f"input {io.name!r} is not an array ({type(e).__name__}: {str(e)[:120]})",
                             hint="feed a numpy array") from None
         want = NUMPY_OF_ONNX[io.onnx_type]
+        if io.onnx_type == 16 and a.dtype == np.uint16:
+            a = a.view(want)    # bfloat16 given as its bits
         if a.dtype != want:
             raise FeedError(f"input {io.name!r} must be {np.dtype(want).name}, got {a.dtype.name}",
                             hint=f"convert it, e.g. x.astype(np.{np.dtype(want).name})")
         if tuple(a.shape) != tuple(io.shape):
             raise FeedError(f"input {io.name!r} has shape {tuple(a.shape)}; the model was compiled for "
                             f"{tuple(io.shape)}", hint="feed exactly that shape, or rebuild with --input-shape")
-        if io.dtype == "f32":
+        if io.onnx_type == 16:
+            return f32_of_bf16_bits(a.view(np.uint16)).tobytes()
+        if io.dtype == "f32":      # float16 widens exactly
             return np.ascontiguousarray(a, dtype="<f4").tobytes()
         if io.dtype == "bool":
             return np.ascontiguousarray(a, dtype="<u4").tobytes()
@@ -133,6 +150,8 @@ class InferenceSession:
     def _decode(self, io, raw: bytes) -> np.ndarray:
         store = STORAGE_NUMPY[io.dtype]
         a = np.frombuffer(raw, dtype=store).reshape(io.shape)
+        if io.onnx_type == 16:    # kernels rounded the values to bfloat16: the upper halves are exact
+            return bf16_bits_of_f32(a).view(NUMPY_OF_ONNX[16])
         return a.astype(NUMPY_OF_ONNX.get(io.onnx_type, a.dtype))
 
     def run(self, output_names, input_feed: dict, profile: bool = False, keep=None) -> list:

@@ -27,7 +27,7 @@ from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, We
 from ..ir import kir
 from ..ir.kir import Expr
 from .expand import expand_function
-from ..dtypes import name_of
+from ..dtypes import name_of, rounded_of
 from .graph import Graph, Node, internal_dtype, internal_of_numpy
 from ..ir.program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
 from ..ir.program import O as OUT_INDEX
@@ -42,8 +42,8 @@ def to_internal_array(a: np.ndarray, what: str) -> np.ndarray:
     """Convert a constant to its runtime storage type (int64 narrowed with a range check)."""
     dt = internal_of_numpy(a.dtype)
     if dt is None:
-        if a.dtype == np.float64 or a.dtype == np.float16:
-            return a.astype(np.float32)
+        if a.dtype == np.float64 or a.dtype == np.float16 or a.dtype.name == "bfloat16":
+            return a.astype(np.float32)    # float16 / bfloat16 widen exactly
         raise UnsupportedOpError(f"constant {what!r} has element type {a.dtype}, which WebGPU kernels cannot hold",
                                  hint="export the model with float32 / int32 / int64 / bool tensors")
     if dt == "i32" and a.dtype != np.int32:
@@ -73,6 +73,8 @@ class Lowering:
         self._op_names: set[str] = set()
         self.bad_inputs: list[tuple[str, str]] = []   # inputs of types WebGPU cannot hold
         self.pending: list[Node] = []     # nodes a handler asked to lower in its place (see `expand`)
+        # run-time tensors held as f32 but rounded to a narrow float type ('f16' / 'bf16'), by name
+        self.rounded: dict[str, str] = {}
         for name in graph.inputs:
             t = graph.types[name]
             dt = internal_dtype(t.elem_type)
@@ -81,6 +83,8 @@ class Lowering:
                 continue
             self.tensors[name] = Tensor(name, tuple(t.shape), dt, kind="input")
             self.onnx_types[name] = t.elem_type
+            if rounded_of(t.elem_type):
+                self.rounded[name] = rounded_of(t.elem_type)
 
     # --- queries ---------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -364,10 +368,12 @@ def lower(graph: Graph) -> Program:
                     continue
                 queue.extendleft(reversed(body))
                 continue
+            first_op = len(ctx.ops)
             handler(ctx, node)
             if ctx.pending:
                 queue.extendleft(reversed(ctx.pending))
                 continue
+            round_narrow_outputs(ctx, node, first_op)
         except registry.Unsupported as e:
             # a variant the handler cannot do may still have an ONNX function decomposition
             body = expand_function(ctx, node) if not any(ctx.has(o) for o in node.outputs if o) else None
@@ -419,6 +425,54 @@ def lower(graph: Graph) -> Program:
         prog.tensors[ctx.root(out)].kind = "output"
     prog.io_types = {n: ctx.onnx_types[n] for n in list(graph.inputs) + outputs}
     return prog
+
+
+def _narrow_type_of(ctx: Lowering, node: Node, out: str) -> str | None:
+    """'f16' / 'bf16' when the node's output `out` is a float16 / bfloat16 tensor in the graph."""
+    t = ctx.graph.types.get(out)
+    if t is not None:
+        return rounded_of(t.elem_type)
+    if node.op == "Cast":
+        return rounded_of(node.attr("to"))
+    if node.op == "CastLike" or ctx.dtype(out) != "f32":
+        return rounded_of(ctx.onnx_types.get(out, 0))
+    # an intermediate ONNX type inference did not record (inside an expanded function body):
+    # a float output of an op on narrow floats is narrow too
+    for i in node.inputs:
+        if i and i in ctx.rounded:
+            return ctx.rounded[i]
+        if i and ctx.const(i) is not None and ctx.const(i).dtype.name in ("float16", "bfloat16"):
+            return {"float16": "f16", "bfloat16": "bf16"}[ctx.const(i).dtype.name]
+    return None
+
+
+def round_narrow_outputs(ctx: Lowering, node: Node, first_op: int) -> None:
+    """Round every float16 / bfloat16 output of `node` to its type where it is produced (the values are
+    computed in f32, as onnxruntime's CPU kernels mostly do before they round the result): wrap the
+    producing op's expression or epilogue; a view of a tensor rounded alike is already rounded."""
+    for out in node.outputs:
+        if not out or out in ctx.consts or out not in ctx.tensors or ctx.dtype(out) != "f32":
+            continue
+        kind = _narrow_type_of(ctx, node, out)
+        if kind is None:
+            continue
+        fn = "round_" + kind
+        root = ctx.root(out)
+        producer = next((op for op in reversed(ctx.ops[first_op:]) if op.out == root), None)
+        if producer is None or root in ctx.rounded and ctx.rounded[root] != kind:
+            if ctx.rounded.get(root) != kind:   # a view of a tensor not rounded alike: copy it rounded
+                shape = ctx.shape(out)
+                del ctx.tensors[out]
+                ctx.generic(out, shape, "f32", lambda cs, r=root:
+                            kir.unary(fn, kir.load(r, flat_of(cs, shape), "f32")))
+        elif isinstance(producer, Generic):
+            producer.expr = kir.unary(fn, producer.expr)
+        else:
+            from ..ir.program import acc_var
+            acc = producer.epilogue if producer.epilogue is not None else acc_var("f32")
+            producer.epilogue = kir.unary(fn, acc)
+        ctx.rounded[root] = kind
+        ctx.rounded[out] = kind
 
 
 def _default_onnx_type(ctx: Lowering, name: str) -> int:

@@ -10,6 +10,7 @@ the same FeedError messages.
 from __future__ import annotations
 
 import array
+import struct
 import sys
 
 from ..dtypes import BY_ONNX, name_of
@@ -43,6 +44,13 @@ def _as_array(data, code: str) -> array.array:
     return array.array(code, data)  # a list or other sequence of numbers
 
 
+def _little(a: array.array) -> array.array:
+    if sys.byteorder != "little":
+        a = array.array(a.typecode, a)
+        a.byteswap()
+    return a
+
+
 def encode_input(io, data, onnx_type: int | None = None) -> bytes:
     """The storage bytes of one input, from an array.array, a bytes-like
     object in the ONNX element type, or a flat sequence of numbers."""
@@ -59,7 +67,11 @@ def encode_input(io, data, onnx_type: int | None = None) -> bytes:
         n *= d
     if len(a) != n:
         raise FeedError(f"input {io.name!r} has {len(a)} elements; shape {tuple(io.shape)} needs {n}")
-    if io.dtype == "f32" or (io.dtype == "i32" and code == "i") or (io.dtype == "u32" and code == "I"):
+    if onnx_type == 10:     # float16 bits (host form array('H')) widen exactly
+        out = array.array("f", struct.unpack(f"<{n}e", _little(a).tobytes()))
+    elif onnx_type == 16:   # bfloat16 bits: the upper half of an f32
+        out = array.array("I", (v << 16 for v in a))
+    elif io.dtype == "f32" or (io.dtype == "i32" and code == "i") or (io.dtype == "u32" and code == "I"):
         out = a
     elif io.dtype == "i32":
         if code == "q" and n and (min(a) < I32_MIN or max(a) > I32_MAX):
@@ -83,6 +95,17 @@ def encode_input(io, data, onnx_type: int | None = None) -> bytes:
 def decode_output(io, raw: bytes):
     """(array.array in the ONNX element type, onnx_type) of one output."""
     t = io.onnx_type
+    if t in (10, 16):       # values the kernels rounded to float16 / bfloat16: their bits, exactly
+        bits = array.array("I")
+        bits.frombytes(raw)
+        if sys.byteorder != "little":
+            bits.byteswap()
+        if t == 16:
+            out = array.array("H", (v >> 16 for v in bits))
+        else:
+            out = array.array("H")
+            out.frombytes(struct.pack(f"={len(bits)}e", *array.array("f", bits.tobytes())))
+        return out, t
     if io.dtype == "f32":
         a = array.array("f")
         a.frombytes(raw)

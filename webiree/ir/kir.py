@@ -9,7 +9,8 @@ written as a string anywhere else.
 Ops mean what webiree defines, whatever a target's instruction of the same
 name does: `erf`; `tanh` (exactly +-1 for large |x|, NaN passes through);
 `isnan` / `isinf` (true to the bits, also where a shader compiler assumes
-finite floats); integer `div` / `mod` (WGSL's: x / 0 = x, x % 0 = 0,
+finite floats); `round_f16` / `round_bf16` (an f32 rounded to the nearest float16 /
+bfloat16, ties to even, still held as f32: overflow gives inf, NaN stays NaN); integer `div` / `mod` (WGSL's: x / 0 = x, x % 0 = 0,
 MIN / -1 = MIN, MIN % -1 = 0); shifts (amount taken mod 32); f32 -> i32 / u32
 `cast` (saturating); bool in storage (u32 0 / 1). The legalization writes each
 of these, once, in primitive ops for a renderer that lacks it.
@@ -43,6 +44,7 @@ UNARY = {
     "neg", "not", "bnot", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
     "floor", "ceil", "round", "trunc", "sign", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "isnan", "isinf",
+    "round_f16", "round_bf16",
 }
 
 

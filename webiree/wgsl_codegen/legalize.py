@@ -38,6 +38,8 @@ FEATURES = {
     "cast_to_bool": "x -> bool is x != 0",
     "cast_from_bool": "bool -> f32 / i32 / u32 is 1 or 0",
     "bool_storage": "bool elements of storage buffers and workgroup arrays",
+    "round_f16": "an f32 rounded to the nearest float16 (ties to even, overflow to inf, NaN kept), as f32",
+    "round_bf16": "an f32 rounded to the nearest bfloat16 (ties to even, NaN kept), as f32",
 }
 
 # f32 bounds of a saturating conversion: the largest f32 values inside each integer range
@@ -90,7 +92,7 @@ class _Legalizer:
 def feature(n: Expr, bool_memory=frozenset()) -> str | None:
     """The feature of FEATURES that the node `n` relies on, if any."""
     op = n.op
-    if op in ("erf", "tanh", "isnan", "isinf"):
+    if op in ("erf", "tanh", "isnan", "isinf", "round_f16", "round_bf16"):
         return op
     if op in ("div", "mod") and n.dtype in ("i32", "u32"):
         return "int_divmod_total"
@@ -178,9 +180,50 @@ def _bool_load(lg, n):
     return kir.binary("ne", read(n.attr, n.args[0], "u32"), kir.const(0, "u32"))
 
 
+def _u32(v: int) -> Expr:
+    return kir.const(v, "u32")
+
+
+def _round_f16(lg, n):
+    """On the bits, so every target rounds alike (WGSL leaves pack2x16float's rounding and overflow to
+    the implementation). |x| >= 65520 (inf's half-way point) -> inf; normal f16 range: drop 13 mantissa
+    bits, ties to even (a carry moves into the exponent, as it should); below 2^-14: the nearest
+    multiple of 2^-24 from the integer mantissa shifted right, ties to even; NaN unchanged."""
+    u = kir.bitcast(_scalar(n), "u32")
+    sign = kir.binary("band", u, _u32(0x80000000))
+    a = kir.binary("band", u, _u32(0x7FFFFFFF))
+    odd = kir.binary("band", kir.binary("shr", a, _u32(13)), _u32(1))
+    normal = kir.binary("band", kir.binary("add", kir.binary("add", a, _u32(0xFFF)), odd), _u32(0xFFFFE000))
+    exp = kir.binary("shr", a, _u32(23))
+    mant = kir.binary("bor", kir.binary("band", a, _u32(0x7FFFFF)), _u32(0x800000))
+    # value = mant * 2^(exp - 150) = (mant >> s) * 2^-24 with s = 126 - exp (14..25 here; 25 gives 0)
+    s = kir.binary("sub", _u32(126), kir.minimum(exp, _u32(126)))
+    s = kir.minimum(kir.maximum(s, _u32(1)), _u32(25))   # (the normal range's lanes need no s; keep it valid)
+    half = kir.binary("sub", kir.binary("shl", _u32(1), kir.binary("sub", s, _u32(1))), _u32(1))
+    m = kir.binary("shr", kir.binary("add", kir.binary("add", mant, half),
+                                     kir.binary("band", kir.binary("shr", mant, s), _u32(1))), s)
+    sub = kir.bitcast(kir.binary("mul", kir.cast(m, "f32"), kir.f32(2.0 ** -24)), "u32")
+    mag = kir.select(kir.binary("ge", a, _u32(0x38800000)), normal, sub)
+    mag = kir.select(kir.binary("ge", a, _u32(0x477FF000)), _u32(0x7F800000), mag)
+    mag = kir.select(kir.binary("gt", a, _u32(0x7F800000)), a, mag)
+    return kir.bitcast(kir.binary("bor", sign, mag), "f32")
+
+
+def _round_bf16(lg, n):
+    """The upper 16 bits, rounded to nearest, ties to even (overflow carries into inf); a NaN keeps
+    its upper bits with the quiet bit set, so it stays NaN."""
+    u = kir.bitcast(_scalar(n), "u32")
+    a = kir.binary("band", u, _u32(0x7FFFFFFF))
+    odd = kir.binary("band", kir.binary("shr", u, _u32(16)), _u32(1))
+    rounded = kir.binary("band", kir.binary("add", kir.binary("add", u, _u32(0x7FFF)), odd), _u32(0xFFFF0000))
+    nan = kir.binary("bor", kir.binary("band", u, _u32(0xFFFF0000)), _u32(0x00400000))
+    return kir.bitcast(kir.select(kir.binary("gt", a, _u32(0x7F800000)), nan, rounded), "f32")
+
+
 RULES = {
     "erf": _erf, "tanh": _tanh, "isnan": _float_class, "isinf": _float_class,
     "int_divmod_total": _int_divmod, "shift_mod32": _shift, "saturating_cast": _saturating_cast,
     "cast_to_bool": _cast_to_bool, "cast_from_bool": _cast_from_bool, "bool_storage": _bool_load,
+    "round_f16": _round_f16, "round_bf16": _round_bf16,
 }
 assert RULES.keys() == FEATURES.keys()

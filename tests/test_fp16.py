@@ -1,0 +1,154 @@
+"""float16 / bfloat16 tensors computed in f32 (issue #17, first step; dtypes.py `rounded`).
+
+Every value the graph holds as float16 / bfloat16 is stored as f32 and rounded to its type where
+it is produced (kir `round_f16` / `round_bf16`, written in integer ops by wgsl_codegen/legalize.py
+for WGSL and SPIR-V alike); inputs widen and outputs narrow exactly at the boundary.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from webiree.ir import kir
+from webiree.testing.models import IR_VERSION
+from webiree.wgsl_codegen import legalize
+
+from .conftest import compile_and_run, ort_run
+
+
+def model_of(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+
+
+def vi(name, t, shape):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+# values that round differently under truncation / ties-away / flush-to-zero, ties either way,
+# overflow to inf, f16 subnormals, signed zeros, NaN and inf
+def probe_values() -> np.ndarray:
+    h = np.float16
+    vals = [0.0, -0.0, 1.0, -1.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, 1.0 + 2 ** -11 + 2 ** -20,   # ties to even / above
+            1.0 - 2 ** -12, 65504.0, 65519.99, 65520.0, -65520.0, 70000.0, 1e30, -1e30,   # max, overflow
+            2 ** -14, 2 ** -14 - 2 ** -26, 2 ** -24, 2 ** -25, 2 ** -25 + 2 ** -40, 3 * 2 ** -25,  # subnormals
+            -(2 ** -24) * 1.5, 2 ** -26, 1e-30, 1e-45, 0.1, -0.3, 3.14159265, 12345.678, 2049.0, 2051.0,
+            np.inf, -np.inf, np.nan]
+    rng = np.random.default_rng(0)
+    scaled = (rng.standard_normal(200) * 10.0 ** rng.integers(-9, 6, 200)).astype(np.float32)
+    bits = rng.integers(0, 2 ** 32, 200, dtype=np.uint32).view(np.float32)    # any f32, NaNs included
+    del h
+    return np.concatenate([np.array(vals, np.float32), scaled, bits])
+
+
+def bf16_reference_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even on the upper 16 bits, by hand; NaN stays NaN (quiet)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def same_bits_f32(got, want):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_dtype_table():
+    from webiree import dtypes
+    assert dtypes.storage_of(T.FLOAT16) == dtypes.storage_of(T.BFLOAT16) == "f32"
+    assert dtypes.rounded_of(T.FLOAT16) == "f16" and dtypes.rounded_of(T.BFLOAT16) == "bf16"
+    assert dtypes.rounded_of(T.FLOAT) is None
+
+
+def test_cast_float_to_float16_rounds_like_numpy(tmp_path):
+    x = probe_values()
+    m = model_of([helper.make_node("Cast", ["x"], ["h"], to=T.FLOAT16),
+                  helper.make_node("Cast", ["h"], ["y"], to=T.FLOAT)],
+                 [vi("x", T.FLOAT, [x.size])], [vi("y", T.FLOAT, [x.size])])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    (got,), _, _ = compile_and_run(m, {"x": x}, tmp_path)
+    same_bits_f32(got, want)
+    (ref,) = ort_run(m, {"x": x})
+    same_bits_f32(got, ref)
+
+
+def test_cast_float_to_bfloat16_rounds_to_nearest_even(tmp_path):
+    x = probe_values()
+    m = model_of([helper.make_node("Cast", ["x"], ["h"], to=T.BFLOAT16),
+                  helper.make_node("Cast", ["h"], ["y"], to=T.FLOAT)],
+                 [vi("x", T.FLOAT, [x.size])], [vi("y", T.FLOAT, [x.size])])
+    want = (bf16_reference_bits(x).astype(np.uint32) << 16).view(np.float32)
+    (got,), _, _ = compile_and_run(m, {"x": x}, tmp_path)
+    same_bits_f32(got, want)
+    (ref,) = ort_run(m, {"x": x})
+    same_bits_f32(got, ref)
+
+
+def test_bfloat16_output_and_input(tmp_path):
+    """bf16 at the boundary: ml_dtypes.bfloat16 arrays (or their uint16 bits) in and out."""
+    x = probe_values()
+    m = model_of([helper.make_node("Cast", ["x"], ["h"], to=T.BFLOAT16),
+                  helper.make_node("Mul", ["h", "b"], ["y"])],
+                 [vi("x", T.FLOAT, [x.size]), vi("b", T.BFLOAT16, [x.size])], [vi("y", T.BFLOAT16, [x.size])])
+    b = np.full(x.size, 1.5, ml_dtypes.bfloat16)
+    (got,), _, sess = compile_and_run(m, {"x": x, "b": b}, tmp_path)
+    assert got.dtype == ml_dtypes.bfloat16
+    hx = (bf16_reference_bits(x).astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = bf16_reference_bits(hx * np.float32(1.5))
+    np.testing.assert_array_equal(got.view(np.uint16)[~np.isnan(hx)], want[~np.isnan(hx)])
+    assert np.isnan(got.astype(np.float32)[np.isnan(hx)]).all()
+    (again,) = sess.run(None, {"x": x, "b": b.view(np.uint16)})
+    np.testing.assert_array_equal(again.view(np.uint16), got.view(np.uint16))
+
+
+def test_float16_model_matches_onnxruntime(tmp_path):
+    """float16 input and output, f16 initializers: MatMul + Add + Relu + Softmax in f16."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((32, 16)) * 0.3).astype(np.float16)
+    bias = (rng.standard_normal(16) * 0.1).astype(np.float16)
+    m = model_of([helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "bias"], ["a"]),
+                  helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Softmax", ["r"], ["y"], axis=-1)],
+                 [vi("x", T.FLOAT16, [4, 32])], [vi("y", T.FLOAT16, [4, 16])],
+                 [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")])
+    x = rng.standard_normal((4, 32)).astype(np.float16)
+    (got,), res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    (ref,) = ort_run(m, {"x": x})
+    assert got.dtype == np.float16 and got.shape == ref.shape
+    # each op's result is rounded to f16 as onnxruntime rounds it: a few f16 ulps at most
+    np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=4e-3, atol=1e-4)
+    # every value is an f16 value: widening and narrowing round-trip
+    assert np.array_equal(got.astype(np.float32).astype(np.float16), got)
+
+
+def test_float16_add_rounds_result(tmp_path):
+    """An Add of two float16 tensors: computed in f32, the result rounded to f16 (bit-exact)."""
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal(512) * 100).astype(np.float16)
+    b = (rng.standard_normal(512) * 0.01).astype(np.float16)
+    m = model_of([helper.make_node("Add", ["a", "b"], ["y"])],
+                 [vi("a", T.FLOAT16, [512]), vi("b", T.FLOAT16, [512])], [vi("y", T.FLOAT16, [512])])
+    (got,), _, _ = compile_and_run(m, {"a": a, "b": b}, tmp_path)
+    want = (a.astype(np.float32) + b.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    (ref,) = ort_run(m, {"a": a, "b": b})
+    np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))
+
+
+@pytest.mark.parametrize("fn", ["round_f16", "round_bf16"])
+def test_rounding_is_legalized_for_both_renderers(fn):
+    from webiree.wgsl_codegen import spirv, wgsl
+    x = kir.var("x", "f32")
+    e = kir.unary(fn, x)
+    assert legalize.feature(e) == fn
+    for supports in (wgsl.SUPPORTS, spirv.SUPPORTS):
+        assert fn not in supports
