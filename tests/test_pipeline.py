@@ -257,3 +257,16 @@ def test_a_cycle_is_a_model_error_naming_its_nodes(tmp_path):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(webiree.ModelError, match=r"cycle through nodes \['second', 'third', 'out'\]"):
         webiree.compile(m, tmp_path)
+
+
+def test_submission_is_chosen_by_the_adapter(tmp_path):
+    """Chunked submission by default on discrete GPUs only; lavapipe (a CPU adapter) submits once."""
+    from webiree.hal_webgpu.wgpu_driver import DISCRETE_GPU_SUBMIT_CHUNK, default_submit_chunk
+
+    assert default_submit_chunk("DiscreteGPU") == DISCRETE_GPU_SUBMIT_CHUNK == 16
+    assert [default_submit_chunk(t) for t in ("IntegratedGPU", "CPU", "")] == [0, 0, 0]
+    model = models.mlp()
+    webiree.compile(model, tmp_path / "b")
+    sess = webiree.InferenceSession(tmp_path / "b")
+    assert sess.driver.adapter.info["adapter_type"] == "CPU" and sess.driver.submit_chunk == 0
+    assert webiree.InferenceSession(tmp_path / "b", submit_chunk=3).driver.submit_chunk == 3

@@ -150,6 +150,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         build(model_path, tmp / "site", input_shapes, limits=limits)
         report["build_s"] = time.perf_counter() - t0
         sess = InferenceSession(tmp / "site")
+        report["default_submit_chunk"] = sess.driver.submit_chunk    # chosen by the adapter's type
         wi_ms, wi_out = _median_ms(lambda: sess.run(None, feeds), runs, warmup)
 
         so = ort.SessionOptions()
@@ -220,12 +221,16 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
     return report
 
 
+def _submission(chunk: int) -> str:
+    return f"every {chunk} dispatches" if chunk else "one submit per inference"
+
+
 def _print(r: dict, log):
     a = r["adapter"]
     log(f"model {r['model']}: {r['dispatches']} dispatches, built in {r['build_s']:.1f} s; "
         f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); webiree limits {r['limits']}"
         + (f", IREE vulkan target {r['iree_vulkan_target']}" if any(k.startswith("iree") for k in r["results"]) else "")
-        + f"; median of {r['runs']} runs")
+        + f"; default submission: {_submission(r.get('default_submit_chunk', 0))}; median of {r['runs']} runs")
     base = r["results"]["webiree"]["median_ms"]
     for name, v in r["results"].items():
         if "error" in v:

@@ -52,9 +52,10 @@ def _ort_type(t: int) -> str:
 
 
 class InferenceSession:
-    def __init__(self, path, submit_chunk: int = 0):
+    def __init__(self, path, submit_chunk: int | None = None):
         """path: a build folder. submit_chunk: 0 (one submit per inference) or N, a submit every
-        N dispatches so the GPU starts while the host encodes the rest (WgpuDriver)."""
+        N dispatches so the GPU starts while the host encodes the rest; None (the default) chooses
+        by the adapter: every 16 dispatches on a discrete GPU, one submit elsewhere (WgpuDriver)."""
         from .hal_webgpu.wgpu_driver import WgpuDriver
         from .module.folder import MODULE_FILE, BuildFolder
 
@@ -64,7 +65,7 @@ class InferenceSession:
                    str(folder.path / MODULE_FILE))
 
     @classmethod
-    def from_module(cls, module, weights: bytes, submit_chunk: int = 0) -> "InferenceSession":
+    def from_module(cls, module, weights: bytes, submit_chunk: int | None = None) -> "InferenceSession":
         """A session on a module and weights in memory (a CompileResult's `module` and `weights`),
         without writing a build folder. The module goes through its wire format once, so the
         session runs exactly what a build folder's model.wrm would hold."""

@@ -148,18 +148,32 @@ def validate_wgsl(name: str, code: str) -> None:
                           hint="this is a webiree bug; please report it with the model") from None
 
 
+# Dispatches per submit on a discrete GPU: the GPU starts on the first part while the host encodes
+# the rest (0.67x to 0.94x the latency on the H200's seed models, docs/performance.md). Other
+# adapters (integrated GPUs, CPU renderers such as lavapipe) run one submit per inference.
+DISCRETE_GPU_SUBMIT_CHUNK = 16
+
+
+def default_submit_chunk(adapter_type: str) -> int:
+    """The submission strategy for an adapter of this type, as wgpu reports it."""
+    return DISCRETE_GPU_SUBMIT_CHUNK if adapter_type.lower().replace(" ", "") == "discretegpu" else 0
+
+
 class WgpuDriver(Driver):
     """live_buffers: GPU buffers this driver created and has not destroyed yet;
     WgpuDriver.process_live_buffers(): the same over every driver of the process (the leak check)."""
 
     _process_live = 0
 
-    def __init__(self, submit_chunk: int = 0):
+    def __init__(self, submit_chunk: int | None = None):
         """submit_chunk: 0 submits an inference as one command buffer; N > 0 submits every N
-        dispatches, so the GPU starts while the host still encodes the rest (docs/performance.md)."""
-        self.submit_chunk = submit_chunk
+        dispatches, so the GPU starts while the host still encodes the rest (docs/performance.md);
+        None chooses by the adapter (default_submit_chunk)."""
         self._chunks = (None, None)
         self.adapter, self.device = request_device()
+        if submit_chunk is None:
+            submit_chunk = default_submit_chunk(self.adapter.info.get("adapter_type", ""))
+        self.submit_chunk = submit_chunk
         self.wgpu = _import_wgpu()
         self._limits = adapter_limits()
         self.live_buffers = 0
