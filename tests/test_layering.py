@@ -4,7 +4,8 @@
     top           cli, bundler, session, onnx_backend, bench, demo_model, testing, webiree/__init__
     compiler      may import wgsl_codegen, module, ir, errors, dtypes, target
     wgsl_codegen  may import ir, errors, dtypes, target
-    runtime core  hal_webgpu, runtime_py: may import module, errors, version, dtypes (never the compiler)
+    runtime core  hal_webgpu, runtime_py: may import module, errors, version, dtypes (never the compiler);
+                  runtime_py also text (the `webiree_runtime` API exposes the tokenizers)
                   text (tokenizers, pure Python): may import errors
     module        the schedule module's wire format, the build folder: errors, version, dtypes
     ground        ir (imports nothing of webiree), errors, version, dtypes, target (errors only)
@@ -30,7 +31,7 @@ ALLOWED = {
     "wgsl_codegen": {"ir", "errors", "dtypes", "target"},
     "compiler": {"wgsl_codegen", "module", "ir", "errors", "dtypes", "target"},
     "hal_webgpu": {"module", "errors", "version", "dtypes"},
-    "runtime_py": {"hal_webgpu", "module", "errors", "version", "dtypes"},
+    "runtime_py": {"hal_webgpu", "module", "errors", "version", "dtypes", "text"},
     "text": {"errors"},
     **{name: TOP for name in ("cli", "bundler", "session", "onnx_backend", "bench", "demo_model", "testing",
                               "webiree")},

@@ -18,6 +18,7 @@ import base64
 import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -176,6 +177,7 @@ def test_wheel_is_pure_python_and_reproducible(tmp_path):
     z = zipfile.ZipFile(io.BytesIO(data))
     names = z.namelist()
     assert "webiree_runtime/__init__.py" in names and "webiree/hal_webgpu/interpreter.py" in names
+    assert {f"webiree/text/{p.name}" for p in (ROOT / "webiree" / "text").glob("*.py")} <= set(names)
     assert not [n for n in names if n.startswith(("webiree/compiler", "webiree/wgsl_codegen", "webiree/bundler"))]
     assert "webiree/session.py" not in names and "webiree/hal_webgpu/wgpu_driver.py" not in names
     info = "webiree_runtime-0.1.0.dist-info"
@@ -201,6 +203,10 @@ sys.meta_path.insert(0, Block())
 import webiree_runtime, webiree.hal_webgpu.browser_driver, webiree.hal_webgpu
 assert webiree_runtime.InferenceSession.__module__ == 'webiree.runtime_py'
 assert webiree.__file__.startswith({str(lib)!r}), webiree.__file__
+spec = {{"model": {{"type": "WordPiece", "vocab": {{"[UNK]": 0, "hello": 1, "world": 2}}, "unk_token": "[UNK]"}},
+        "pre_tokenizer": {{"type": "BertPreTokenizer"}}}}
+import json
+assert webiree_runtime.Tokenizer.from_str(json.dumps(spec)).encode("hello, world").ids == [1, 0, 2]
 print('ok')
 """
     p = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
@@ -483,3 +489,74 @@ def test_python_page_without_pyodide(browser, server, root, sites):
         assert "rebuild it with `webiree build --pyodide`" in pg.inner_text("#status")
     finally:
         ctx.close()
+
+
+# ---------------------------------------------------------------- tokenizers in the browser
+TOKENIZER_CASES = {"tok_wordpiece": "wordpiece-uncased-template", "tok_bpe": "bytelevel-bpe"}
+TOKENIZER_STRINGS = 300     # every 4th of test_tokenizers.py's 1,200 seeded strings (its hand-picked ones first)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_sites(root):
+    """site name -> (the `tokenizers` library's tokenizer, the strings): sites built by webiree.compile
+    with tokenizer=, trained on test_tokenizers.py's seeded corpus."""
+    pytest.importorskip("tokenizers")
+    from .test_tokenizers import CASES, corpus, make_strings
+
+    rng = random.Random(1234)
+    lines, strings = corpus(rng, 3000), make_strings(rng, 1200)[::4][:TOKENIZER_STRINGS]
+    built = {}
+    for site, case in TOKENIZER_CASES.items():
+        ref = CASES[case](lines)
+        path = root / f"{site}.json"
+        ref.save(str(path))
+        webiree.compile(mlp(), root / site, validate=False, tokenizer=path)
+        built[site] = (ref, strings)
+    return built
+
+
+TOKENIZE_PY = """
+import json, time
+import webiree_runtime as wr
+arg = json.loads(ARG)
+t0 = time.perf_counter()
+tok = await wr.Tokenizer.from_url(arg["url"])
+load_ms = (time.perf_counter() - t0) * 1e3
+t0 = time.perf_counter()
+encs = [tok.encode(s) for s in arg["strings"]]
+encode_ms = (time.perf_counter() - t0) * 1e3
+r = {"cls": [type(tok).__module__, type(tok).__name__], "load_ms": load_ms, "encode_ms": encode_ms,
+     "ids": [e.ids for e in encs], "offsets": [[list(o) for o in e.offsets] for e in encs],
+     "tokens": [e.tokens for e in encs], "decoded": [tok.decode(e.ids) for e in encs[:50]]}
+try:
+    await wr.Tokenizer.from_url("../mlp/")          # a build without --tokenizer
+    r["missing"] = "loaded"
+except wr.WebireeError as e:
+    r["missing"] = [e.kind, str(e)]
+json.dumps(r)
+"""
+
+
+@pytest.mark.parametrize("site", sorted(TOKENIZER_CASES))
+def test_tokenizer_in_pyodide_matches_the_library(pypage, server, tokenizer_sites, site):
+    """The site's tokenizer.json, fetched by `await wr.Tokenizer.from_url` in the page's Pyodide: ids,
+    offsets and tokens identical to the `tokenizers` library's (run natively here) on 300 seeded strings."""
+    ref, strings = tokenizer_sites[site]
+    # the build folder's URL for one, the file's URL for the other
+    url = f"../{site}/" if site == "tok_wordpiece" else f"../{site}/tokenizer.json"
+    r = py(pypage, TOKENIZE_PY, {"url": url, "strings": strings}, timeout_s=120)
+    assert "error" not in r, r
+    assert r["cls"] == ["webiree.runtime_py", "Tokenizer"]
+    theirs = [ref.encode(s) for s in strings]
+    bad = [i for i, t in enumerate(theirs)
+           if (r["ids"][i], [tuple(o) for o in r["offsets"][i]], r["tokens"][i]) != (t.ids, t.offsets, t.tokens)]
+    for i in bad[:3]:
+        print(f"\n{strings[i]!r}\n pyodide {list(zip(r['tokens'][i], r['offsets'][i]))}\n"
+              f" library {list(zip(theirs[i].tokens, theirs[i].offsets))}")
+    assert not bad, f"{len(bad)} of {len(strings)} strings differ"
+    assert r["decoded"] == [ref.decode(t.ids) for t in theirs[:50]]
+    assert r["missing"][0] == "model" and "tokenizer.json: HTTP 404" in r["missing"][1]
+    assert not pypage.errors
+    ntok = sum(len(t.ids) for t in theirs)
+    print(f"\n[pyodide] {TOKENIZER_CASES[site]}: {len(strings)} strings ({ntok} tokens) identical; "
+          f"load {r['load_ms']:.0f} ms, encode {r['encode_ms']:.0f} ms")

@@ -6,6 +6,8 @@
     outs = await sess.run(None, {"x": (array.array("f", values), [1, 64])})
     outs[0].data, outs[0].shape, outs[0].type                # array.array, (1, 10), 'float32'
     outs[0].numpy()                                          # only where numpy is importable
+    tok = await wr.Tokenizer.from_url("./")                  # the build's tokenizer.json (or its URL)
+    enc = tok.encode("Hello, world!")                         # ids, tokens, offsets, attention_mask, ...
 
 It mirrors the native `webiree.InferenceSession` (onnxruntime style) with
 `await` on create and run. Feeds are `{name: value}` where value is
@@ -13,6 +15,9 @@ It mirrors the native `webiree.InferenceSession` (onnxruntime style) with
 shape); data is an array.array, a JS typed array (from `js`), a memoryview,
 bytes in the model's element type, a flat list, or a numpy array when numpy
 is there. Results are `Tensor`s holding an array.array.
+
+`Tokenizer` is webiree.text's (a Hugging Face tokenizer.json: WordPiece, byte-level
+BPE), the same pure-Python code as natively, with `await Tokenizer.from_url(url)`.
 
 The schedule is run by the same `Interpreter` as natively, over
 `BrowserDriver` (navigator.gpu). Standard library + Pyodide only: no numpy.
@@ -29,12 +34,14 @@ from ..dtypes import BY_ONNX, DTYPES
 from ..errors import DeviceError, FeedError, ModelError, WebireeError
 from ..hal_webgpu.feeds import check_names, check_shape, decode_output, encode_input, type_name
 from ..hal_webgpu.interpreter import Interpreter
-from ..module.folder import MANIFEST_FILE, MODULE_FILE, WEIGHTS_FILE
+from ..module.folder import MANIFEST_FILE, MODULE_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from ..module.format import ModuleFormatError, read_module
+from ..text import Encoding
+from ..text import Tokenizer as _TextTokenizer
 from ..version import __version__
 
-__all__ = ["InferenceSession", "Tensor", "NodeArg", "WebireeError", "FeedError", "DeviceError", "ModelError",
-           "load_sample", "fetch_bytes", "__version__"]
+__all__ = ["InferenceSession", "Tensor", "NodeArg", "Tokenizer", "Encoding", "WebireeError", "FeedError",
+           "DeviceError", "ModelError", "load_sample", "fetch_bytes", "__version__"]
 
 TYPE_OF_NAME = {d.name: d.onnx for d in DTYPES if d.name != "string"}
 # array typecode (and item size, for the C long codes) -> ONNX element type
@@ -224,6 +231,23 @@ async def load_sample(url: str = "./") -> dict:
         a.frombytes(base64.b64decode(e["data"]))
         feeds[e["name"]] = Tensor(t, a, e["dims"], e["name"])
     return feeds
+
+
+class Tokenizer(_TextTokenizer):
+    """webiree.text.Tokenizer (from_str, encode, decode, ...) plus `await Tokenizer.from_url(url)`."""
+
+    @classmethod
+    async def from_url(cls, url: str = "./") -> "Tokenizer":
+        """Fetch a tokenizer.json (relative to the page); a URL ending in '/' is a build folder,
+        whose tokenizer.json (webiree build --tokenizer) is read."""
+        if url.endswith("/"):
+            url = _base(url) + TOKENIZER_FILE
+        data = await fetch_bytes(url)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelError(f"{url} is not UTF-8 text", hint="give the URL of a tokenizer.json") from None
+        return cls.from_str(text)
 
 
 class InferenceSession:
