@@ -2,8 +2,9 @@
 # Set up everything webiree needs on a fresh Debian machine (run as root):
 # system packages (Vulkan on the CPU, Chromium, SPIR-V tools), a .venv at the
 # repo root with webiree installed in editable mode plus its test extra, and
-# the pinned Pyodide (npm) in node_modules/ for python.html (Python in the browser), and the pinned
-# `webgpu` (npm: Dawn's dawn.node) in node_modules/ for tests/test_dawn.py (webiree.js on Dawn in Node).
+# the pinned Pyodide (npm) in node_modules/ for python.html (Python in the browser), the pinned
+# `webgpu` (npm: Dawn's dawn.node) in node_modules/ for tests/test_dawn.py (webiree.js on Dawn in Node),
+# and the pinned `esbuild` (npm) for tests/test_npm_package.py (web/ as an npm package, bundled).
 #   bash scripts/setup.sh            runtime + tests
 #   bash scripts/setup.sh --models   also torch/transformers, to export the seed models
 set -euo pipefail
@@ -28,19 +29,21 @@ extras="test"
 [ "$models" = 1 ] && extras="test,models"
 .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -vE "^WARNING: (Location|Skipping)" || true
 .venv/bin/python -c "import webiree, wgpu, onnx" || { echo "setup: the Python install failed" >&2; exit 1; }
-# Pyodide for python.html (the version pinned in webiree/bundler/pyodide.py) and dawn.node for
-# tests/test_dawn.py (the version pinned in tests/dawn_util.py), from npm (never a CDN). One npm call
-# installs both: a later `npm install --no-save` can prune what an earlier one installed.
+# Pyodide for python.html (the version pinned in webiree/bundler/pyodide.py), dawn.node for
+# tests/test_dawn.py (the version pinned in tests/dawn_util.py) and esbuild for tests/test_npm_package.py
+# (pinned there), from npm (never a CDN). One npm call installs all three: a later
+# `npm install --no-save` can prune what an earlier one installed.
 pyodide_version=$(sed -n 's/^PYODIDE_VERSION = "\(.*\)"$/\1/p' webiree/bundler/pyodide.py)
 webgpu_version=$(sed -n 's/^WEBGPU_VERSION = "\(.*\)"$/\1/p' tests/dawn_util.py)
+esbuild_version=$(sed -n 's/^ESBUILD_VERSION = "\(.*\)"$/\1/p' tests/test_npm_package.py)
 npm_ok=1
-for spec in "pyodide@$pyodide_version" "webgpu@$webgpu_version"; do
+specs=("pyodide@$pyodide_version" "webgpu@$webgpu_version" "esbuild@$esbuild_version")
+for spec in "${specs[@]}"; do
   have=$(node -p "require('./node_modules/${spec%@*}/package.json').version" 2>/dev/null || true)
   [ "$have" = "${spec##*@}" ] || npm_ok=0
 done
 if [ "$npm_ok" = 0 ]; then
-  echo "setup: installing pyodide@$pyodide_version and webgpu@$webgpu_version into node_modules/"
-  npm install --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
-    "pyodide@$pyodide_version" "webgpu@$webgpu_version" >/dev/null
+  echo "setup: installing ${specs[*]} into node_modules/"
+  npm install --no-save --no-package-lock --no-audit --no-fund --loglevel=error "${specs[@]}" >/dev/null
 fi
 echo "setup: ready (.venv with webiree $(.venv/bin/python -c 'import webiree; print(webiree.__version__)'))"
