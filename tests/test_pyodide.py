@@ -500,7 +500,7 @@ TOKENIZER_STRINGS = 300     # every 4th of test_tokenizers.py's 1,200 seeded str
 def tokenizer_sites(root):
     """site name -> (the `tokenizers` library's tokenizer, the strings): sites built by webiree.compile
     with tokenizer=, trained on test_tokenizers.py's seeded corpus."""
-    pytest.importorskip("tokenizers")
+    import tokenizers  # noqa: F401  (set-up installs it: the reference the tokenizers are compared with)
     from .test_tokenizers import CASES, corpus, make_strings
 
     rng = random.Random(1234)
