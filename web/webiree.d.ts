@@ -61,6 +61,12 @@ export interface SessionOptions {
    * context, the weights are always downloaded). Downloaded or cached, the weights are verified
    * against the manifest's SHA-256 hashes. */
   cache?: boolean;
+  /** run the session in a dedicated module Web Worker (worker.js, next to webiree.js), so that
+   * loading, compiling and running leave the page's main thread free. The session has the same
+   * API; feeds are copied once into transferred buffers, outputs come back transferred, errors
+   * arrive as WebireeError of the same kind and message. Feeds must be CPU tensors and
+   * run(feeds, {keep}) is refused; release() also terminates the worker. (default false) */
+  worker?: boolean;
 }
 
 /** The name of the Cache API cache holding weights, one entry per content hash. */

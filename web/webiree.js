@@ -469,8 +469,10 @@ export class InferenceSession {
    * Load a build folder (URL relative to the page) and prepare it on a new WebGPU device.
    * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference, cache}
    * cache: false never reads or stores the weights in the Cache API (see WEIGHTS_CACHE).
+   * worker: true runs the session in a Web Worker (worker.js), off the page's main thread.
    */
   static async create(url, options = {}) {
+    if (options.worker) return (await import('./worker.js')).createWorkerSession(url, options);
     const timeout = options.timeoutMs ?? TIMEOUT_MS;
     const gpu = globalThis.navigator?.gpu;
     if (!gpu) {
