@@ -31,7 +31,7 @@ WEB = ROOT / "web"
 # esbuild (npm) for the bundling test; scripts/setup.sh reads this line with sed
 ESBUILD_VERSION = "0.28.2"
 ESBUILD = ROOT / "node_modules" / ".bin" / "esbuild"
-RUNTIME_FILES = {"webiree.js", "webiree.d.ts", "tokenizer.js", "tokenizer.d.ts"}
+RUNTIME_FILES = {"webiree.js", "webiree.d.ts", "worker.js", "tokenizer.js", "tokenizer.d.ts"}
 NPM_FLAGS = ["--offline", "--no-audit", "--no-fund", "--loglevel=error"]
 
 

@@ -4,6 +4,7 @@
 
     webiree.js     the runtime (copied from web/, the one canonical copy)
     webiree.d.ts   its TypeScript declarations
+    worker.js      the Web Worker of InferenceSession.create(url, {worker: true})
     tokenizer.js   Hugging Face tokenizer.json files in the page (text -> token ids)
     tokenizer.d.ts its TypeScript declarations
     index.html     a demo page: loads the model with a progress bar, runs it on
