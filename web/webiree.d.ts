@@ -133,6 +133,16 @@ export class InferenceSession {
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
   /** bytes the last run read back from the GPU (kept outputs are not read) */
   readonly lastReadbackBytes?: number;
+  /** true once the GPU device is lost (a driver reset, a GPU process crash, a background tab on
+   * mobile): run() then fails with a WebireeError of kind 'device' until recover() succeeds.
+   * false on a released session. */
+  readonly lost: boolean;
+  /** After a device loss: a new adapter and device with the same options, the limits checked
+   * again, buffers, pipelines and bind groups recreated, and the weights loaded again (from the
+   * Cache API when they were cached: no request for weights.bin). GPU tensors kept from earlier
+   * runs are disposed. A no-op while the device is fine; rejects (kind 'device') on a released
+   * session, or if no new device can run the model (then run() keeps failing; retry later). */
+  recover(): Promise<void>;
   /** Destroy the session's GPU buffers and device. */
   release(): Promise<void>;
 }

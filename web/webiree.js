@@ -415,6 +415,25 @@ async function loadWeights({url, file, manifest, module, options, write, onChunk
   }
 }
 
+function requestAdapter(gpu, options, timeout) {
+  return withTimeout(gpu.requestAdapter({powerPreference: options.powerPreference ?? 'high-performance'}),
+    timeout, 'navigator.gpu.requestAdapter()');
+}
+
+/** A device of `adapter` with the limits and features the module needs (checked first). */
+async function openDevice(adapter, module, timeout) {
+  if (!adapter) fail('device', 'WebGPU is present but no GPU adapter is available', 'enable hardware acceleration, or try another browser');
+  const requiredLimits = checkLimits(module.limits, adapter);
+  const requiredFeatures = adapter.features.has('timestamp-query') ? ['timestamp-query'] : [];
+  if (module.limits.subgroup_size) requiredFeatures.push('subgroups');
+  try {
+    return await withTimeout(adapter.requestDevice({requiredLimits, requiredFeatures}), timeout, 'adapter.requestDevice()');
+  } catch (e) {
+    if (e instanceof WebireeError) throw e;
+    fail('device', `the WebGPU adapter refused a device: ${e.message}`);
+  }
+}
+
 function checkLimits(needed, adapter) {
   const required = {};
   for (const key of CHECKED) {
@@ -493,26 +512,17 @@ export class InferenceSession {
     const files = manifest.files ?? {};
     const [moduleFile, weightsFile] = [files.module ?? 'model.wrm', files.weights ?? 'weights.bin'];
     progress.total = progress.loaded + (manifest.sizes?.module_bytes ?? 0) + (manifest.sizes?.weights_bytes ?? 0);
-    const adapterPromise = withTimeout(gpu.requestAdapter({powerPreference: options.powerPreference ?? 'high-performance'}),
-      timeout, 'navigator.gpu.requestAdapter()');
+    const adapterPromise = requestAdapter(gpu, options, timeout);
     // the weights are fetched only once the adapter can run the module (limits and features checked)
     const [moduleBytes, adapter] = await Promise.all([
       fetchBytes(new URL(moduleFile, base), (n) => report(moduleFile, n)), adapterPromise]);
     const module = readModule(moduleBytes);
-    if (!adapter) fail('device', 'WebGPU is present but no GPU adapter is available', 'enable hardware acceleration, or try another browser');
-    const requiredLimits = checkLimits(module.limits, adapter);
-    const requiredFeatures = adapter.features.has('timestamp-query') ? ['timestamp-query'] : [];
-    if (module.limits.subgroup_size) requiredFeatures.push('subgroups');
-    let device;
-    try {
-      device = await withTimeout(adapter.requestDevice({requiredLimits, requiredFeatures}), timeout, 'adapter.requestDevice()');
-    } catch (e) {
-      if (e instanceof WebireeError) throw e;
-      fail('device', `the WebGPU adapter refused a device: ${e.message}`);
-    }
+    const device = await openDevice(adapter, module, timeout);
     const session = new InferenceSession(module, device, manifest, timeout);
-    const weights = (write) => loadWeights({url: new URL(weightsFile, base), file: weightsFile, manifest, module, options, write,
-      onChunk: (n) => report(weightsFile, n), retry: (n) => { progress.total += n; }});
+    const weights = (write, onChunk = (n) => report(weightsFile, n), retry = (n) => { progress.total += n; }) =>
+      loadWeights({url: new URL(weightsFile, base), file: weightsFile, manifest, module, options, write, onChunk, retry});
+    // what recover() needs to rebuild the session on a new device
+    session._rebuild = {gpu, options, weights: (write) => weights(write, () => {}, () => {})};
     try {
       session.weightsSource = await session._prepare(weights);
     } catch (e) {
@@ -533,23 +543,87 @@ export class InferenceSession {
     const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`, shape: [...io.dims]});
     this.inputMetadata = module.inputs.map(meta);
     this.outputMetadata = module.outputs.map(meta);
-    this.hasTimestamps = device.features.has('timestamp-query');
     this.profile = null;
     this._queue = Promise.resolve();
+    this._attach(device);
+  }
+
+  /** Make `device` the session's device: its errors and its loss are watched from now on. */
+  _attach(device) {
+    this._detach?.();
+    let attached = true;
+    this._detach = () => { attached = false; };
+    this.device = device;
+    this.hasTimestamps = device.features.has('timestamp-query');
     this._lostError = null;
     this._gpuErrors = [];
     device.lost.then((info) => {
+      if (!attached) return;  // a device recover() has replaced, or one it gave up on
       this._lostError = new WebireeError('device', this._released ? 'the session was released'
-        : `the WebGPU device was lost (${info.reason}): ${info.message}`, 'create a new session');
+        : `the WebGPU device was lost (${info.reason}): ${info.message}`,
+      this._released ? 'create a new session' : 'call await session.recover() (or create a new session)');
     });
-    device.addEventListener?.('uncapturederror', (e) => this._gpuErrors.push(e.error?.message ?? String(e.error)));
-    this._lost = device.lost.then(() => { throw this._lostError; });
+    device.addEventListener?.('uncapturederror', (e) => { if (attached) this._gpuErrors.push(e.error?.message ?? String(e.error)); });
+    this._lost = device.lost.then(() => { throw this._lostError ?? new WebireeError('device', 'the WebGPU device was replaced'); });
     this._lost.catch(() => {});
+  }
+
+  /** true once the session's GPU device is lost (a driver reset, a GPU process crash, device.destroy()),
+   * until recover() succeeds; false on a released session. */
+  get lost() {
+    return !this._released && (this._lostError !== null || !!this._recovering);
+  }
+
+  /**
+   * After the device is lost: request a new adapter and device with the same options, check the
+   * limits again, recreate the buffers, pipelines and bind groups, and load the weights again
+   * (from the Cache API when they were cached there: no request for weights.bin). GPU tensors
+   * kept from earlier runs are gone (disposed). A no-op when the device is fine; a 'device'
+   * error on a released session. Queued after the runs already started, like run().
+   */
+  recover() {
+    const result = this._queue.then(() => this._recover());
+    this._queue = result.catch(() => {});
+    return result;
+  }
+
+  async _recover() {
+    if (this._released) fail('device', 'the session was released', 'create a new session');
+    if (!this._lostError) return;
+    const cause = this._lostError.message;
+    for (const t of [...(this._resident ?? [])]) t.dispose();
+    for (const b of [...(this.buffers ?? []), this.readback, this._resolve, this._times]) b?.destroy();
+    this._query?.destroy();
+    this._query = this._resolve = this._times = null;
+    const {gpu, options, weights} = this._rebuild;
+    let device;
+    this._recovering = true;
+    try {
+      device = await openDevice(await requestAdapter(gpu, options, this.timeoutMs), this.module, this.timeoutMs);
+      this._attach(device);
+      this.weightsSource = await this._prepare(weights);
+    } catch (e) {
+      this._detach();
+      device?.destroy();
+      this._lostError = new WebireeError(e.kind === 'limits' ? 'limits' : 'device',
+        `the WebGPU device was lost (${cause}) and recovering it failed: ${e.message}`,
+        e.hint ?? 'call await session.recover() again later, or create a new session');
+      throw this._lostError;
+    } finally {
+      this._recovering = false;
+    }
   }
 
   /** Await a GPU promise, failing fast on a hang or a lost device. */
   _gpu(promise, what) {
-    return withTimeout(Promise.race([promise, this._lost]), this.timeoutMs, what);
+    const lost = this._lost;
+    return withTimeout(Promise.race([promise, lost]), this.timeoutMs, what).catch(async (e) => {
+      if (e instanceof WebireeError) throw e;
+      // a GPU promise rejected by a loss (mapAsync: 'the Device was lost') can settle before
+      // device.lost does: give that a moment, to report the loss rather than its symptom
+      await Promise.race([lost, new Promise((resolve) => setTimeout(resolve, 200))]);
+      throw e;
+    });
   }
 
   /** Create the buffers, stream the weights into their pages (loadWeights(write)) while the
