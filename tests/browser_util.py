@@ -49,3 +49,26 @@ def chromium():
             yield b
         finally:
             b.close()
+
+
+BLANK_PAGE = "blank.html"   # an empty page on the test server that hosts API tests
+
+
+def write_blank_page(root) -> None:
+    (root / BLANK_PAGE).write_text("<!doctype html><title>webiree test</title><link rel=icon href='data:,'>")
+
+
+@contextmanager
+def blank_page(browser, server: str):
+    """A page on the server's blank.html in a fresh browser context (so an empty Cache Storage),
+    collecting page errors in `.errors` and the requests for weights.bin in `.weight_requests`."""
+    ctx = browser.new_context()
+    pg = ctx.new_page()
+    pg.errors, pg.weight_requests = [], []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("request", lambda r: pg.weight_requests.append(r) if r.url.endswith("/weights.bin") else None)
+    pg.goto(server + BLANK_PAGE)
+    try:
+        yield pg
+    finally:
+        ctx.close()

@@ -95,6 +95,22 @@ def check(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def server(site_root):
+    """webiree's dev server on the module's `site_root` (a fixture each browser test module defines)."""
+    from .browser_util import serving
+    with serving(site_root) as url:
+        yield url
+
+
+@pytest.fixture
+def page(browser, server):
+    """A fresh page on the server's blank.html (tests/browser_util.py blank_page)."""
+    from .browser_util import blank_page
+    with blank_page(browser, server) as pg:
+        yield pg
+
+
+@pytest.fixture(scope="module")
 def browser():
     """Headless Chromium with WebGPU (tests/browser_util.py), one per test module."""
     from .browser_util import chromium

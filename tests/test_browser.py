@@ -26,7 +26,7 @@ import webiree
 from webiree.module import read_module, write_module
 from webiree.testing.models import make_model, mlp, sample_inputs, small_cnn
 
-from .browser_util import CHROMIUM, CHROMIUM_ARGS, serving  # noqa: F401
+from .browser_util import CHROMIUM, CHROMIUM_ARGS, write_blank_page  # noqa: F401
 from .conftest import assert_close, ort_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -99,7 +99,7 @@ MODELS = {"mlp": mlp, "small_cnn": small_cnn, "relu_cnn": relu_cnn, "tokens": to
 def sites(tmp_path_factory):
     """root: one folder per model (built once), and blank.html to host API tests."""
     root = tmp_path_factory.mktemp("sites")
-    (root / "blank.html").write_text("<!doctype html><title>webiree test</title><link rel=icon href='data:,'>")
+    write_blank_page(root)
     built = {}
     for name, make in MODELS.items():
         model = make()
@@ -109,20 +109,8 @@ def sites(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(sites):
-    with serving(sites[0]) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser, server):
-    ctx = browser.new_context()
-    pg = ctx.new_page()
-    pg.errors = []
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    pg.goto(server + "blank.html")
-    yield pg
-    ctx.close()
+def site_root(sites):
+    return sites[0]
 
 
 # ---------------------------------------------------------------- helpers

@@ -20,7 +20,7 @@ import pytest
 import webiree
 from webiree.testing.models import mlp, sample_inputs
 
-from .browser_util import serving
+from .browser_util import write_blank_page
 from .conftest import assert_close, ort_run
 from .test_browser import b64_feeds, decode_outputs, evaluate
 
@@ -62,28 +62,15 @@ SETUP_JS = """async ({url, feeds, options}) => {
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("devloss_sites")
-    (root / "blank.html").write_text("<!doctype html><title>webiree test</title><link rel=icon href='data:,'>")
+    write_blank_page(root)
     model = mlp(sizes=(256, 256, 10))
     webiree.compile(model, root / "mlp2", limits={"max_buffer_size": 300000})
     return root, model
 
 
 @pytest.fixture(scope="module")
-def server(site):
-    with serving(site[0]) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser, server):
-    ctx = browser.new_context()  # a fresh context: empty Cache Storage
-    pg = ctx.new_page()
-    pg.errors, pg.weight_requests = [], []
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    pg.on("request", lambda r: pg.weight_requests.append(r.url) if r.url.endswith("/weights.bin") else None)
-    pg.goto(server + "blank.html")
-    yield pg
-    ctx.close()
+def site_root(site):
+    return site[0]
 
 
 def setup(page, server, model, feeds, **options):

@@ -15,6 +15,7 @@ import webiree
 from webiree import FeedError
 from webiree.testing.models import make_model
 
+from .browser_util import write_blank_page
 from .conftest import assert_close, ort_run
 
 H, X, C = 8, 4, 3
@@ -42,7 +43,7 @@ def xs(steps: int, seed: int = 1):
 def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("resident")
     webiree.compile(rnn_step(), root / "rnn_step")
-    (root / "blank.html").write_text("<!doctype html><title>webiree test</title><link rel=icon href='data:,'>")
+    write_blank_page(root)
     return root
 
 

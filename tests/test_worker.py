@@ -15,7 +15,7 @@ import pytest
 import webiree
 from webiree.testing.models import mlp
 
-from .browser_util import serving
+from .browser_util import write_blank_page
 from .conftest import assert_close, ort_run
 from .test_browser import b64_feeds, decode_outputs, evaluate, relu_cnn, token_feeds, tokens
 
@@ -28,7 +28,7 @@ EVAL_S = 90
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory):
     root = tmp_path_factory.mktemp("worker_sites")
-    (root / "blank.html").write_text("<!doctype html><title>webiree worker test</title><link rel=icon href='data:,'>")
+    write_blank_page(root)
     built = {}
     for name, (make, _) in MODELS.items():
         model = make()
@@ -38,20 +38,8 @@ def sites(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(sites):
-    with serving(sites[0]) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser, server):
-    ctx = browser.new_context()
-    pg = ctx.new_page()
-    pg.errors = []
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    pg.goto(server + "blank.html")
-    yield pg
-    ctx.close()
+def site_root(sites):
+    return sites[0]
 
 
 def feeds_of(name, model):
