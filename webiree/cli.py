@@ -20,18 +20,31 @@ EXIT_INTERNAL = 3
 
 
 def _parse_shapes(items) -> dict:
+    """--input-shape NAME=D0,D1,...: each dim a size or a range MIN..MAX."""
+    from .compiler.importer import parse_dim
     shapes = {}
     for item in items or []:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
-            raise ShapeError(f"--input-shape {item!r} is not NAME=D0,D1,...", hint="e.g. --input-shape input_ids=1,128")
-        try:
-            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
-        except ValueError:
-            raise ShapeError(f"--input-shape {item!r}: dims must be integers", hint="e.g. --input-shape x=1,3,224,224") from None
-        if any(d <= 0 for d in shapes[name]):
+            raise ShapeError(f"--input-shape {item!r} is not NAME=D0,D1,...",
+                             hint="e.g. --input-shape input_ids=1,128 or input_ids=1,1..512")
+        parts = [d.strip() for d in dims.replace("x", ",").split(",") if d.strip()]
+        shapes[name] = [parse_dim(d, f"--input-shape {item!r}") for d in parts]
+        if any(d == 0 for d in shapes[name]):
             raise ShapeError(f"--input-shape {item!r}: dims must be positive")
     return shapes
+
+
+def _parse_dims(items) -> dict:
+    """--dim NAME=N or NAME=MIN..MAX: bound a named symbolic dim wherever it appears."""
+    from .compiler.importer import parse_dim
+    out = {}
+    for item in items or []:
+        name, sep, spec = item.partition("=")
+        if not sep or not name.strip():
+            raise ShapeError(f"--dim {item!r} is not NAME=MIN..MAX", hint="e.g. --dim seq=1..512")
+        out[name.strip()] = parse_dim(spec, f"--dim {name.strip()}")
+    return out
 
 
 def cmd_build(args) -> int:
@@ -41,7 +54,7 @@ def cmd_build(args) -> int:
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
                 validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target,
-                tokenizer=args.tokenizer)
+                tokenizer=args.tokenizer, dims=_parse_dims(args.dim))
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
@@ -159,7 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile MODEL.onnx into a site folder")
     b.add_argument("model")
     b.add_argument("--out", required=True, help="output folder")
-    b.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
+    b.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an input's shape: each dim a size or a range MIN..MAX (e.g. input_ids=1,1..512)")
+    b.add_argument("--dim", action="append", metavar="NAME=MIN..MAX",
+                   help="bound (or pin, NAME=N) a named symbolic dim wherever it appears, e.g. seq=1..512")
     b.add_argument("--limits", default="default", choices=["default", "gpu", "cpu", "adapter"],
                    help="the target: WebGPU's default limits (runs anywhere; 'gpu' / 'cpu' choose kernels for "
                         "that class of adapter) or this machine's adapter")

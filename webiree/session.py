@@ -17,7 +17,7 @@ import numpy as np
 
 from .dtypes import BY_ONNX, RUNTIME_TYPES, STORAGE_NUMPY
 from .errors import FeedError, ModelError
-from .hal_webgpu.feeds import check_names, type_name
+from .hal_webgpu.feeds import check_names, check_shape, declared_shape, type_name
 from .hal_webgpu.hal import run_sync
 from .hal_webgpu.interpreter import DeviceTensor, Interpreter
 from .hal_webgpu.trace import chrome_trace
@@ -111,10 +111,11 @@ class InferenceSession:
         self.close()
 
     def get_inputs(self) -> list[NodeArg]:
-        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type)) for io in self.module.inputs]
+        return [NodeArg(io.name, declared_shape(self.module, io), _ort_type(io.onnx_type)) for io in self.module.inputs]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type)) for io in self.module.outputs]
+        return [NodeArg(io.name, declared_shape(self.module, io), _ort_type(io.onnx_type))
+                for io in self.module.outputs]
 
     def _encode(self, io, value) -> bytes:
         try:
@@ -128,9 +129,7 @@ class InferenceSession:
         if a.dtype != want:
             raise FeedError(f"input {io.name!r} must be {np.dtype(want).name}, got {a.dtype.name}",
                             hint=f"convert it, e.g. x.astype(np.{np.dtype(want).name})")
-        if tuple(a.shape) != tuple(io.shape):
-            raise FeedError(f"input {io.name!r} has shape {tuple(a.shape)}; the model was compiled for "
-                            f"{tuple(io.shape)}", hint="feed exactly that shape, or rebuild with --input-shape")
+        check_shape(io, a.shape, self.module)    # a dynamic input's dims are checked by bind_dims
         if io.onnx_type == 16:
             return f32_of_bf16_bits(a.view(np.uint16)).tobytes()
         if io.dtype == "f32":      # float16 widens exactly
@@ -148,9 +147,9 @@ class InferenceSession:
                                 hint="int64 inputs are narrowed to int32; keep values within +-2^31")
         return np.ascontiguousarray(a, dtype="<i4" if io.dtype == "i32" else "<u4").tobytes()
 
-    def _decode(self, io, raw: bytes) -> np.ndarray:
+    def _decode(self, io, raw: bytes, shape=None) -> np.ndarray:
         store = STORAGE_NUMPY[io.dtype]
-        a = np.frombuffer(raw, dtype=store).reshape(io.shape)
+        a = np.frombuffer(raw, dtype=store).reshape(io.shape if shape is None else shape)
         if io.onnx_type == 16:    # kernels rounded the values to bfloat16: the upper halves are exact
             return bf16_bits_of_f32(a).view(NUMPY_OF_ONNX[16])
         return a.astype(NUMPY_OF_ONNX.get(io.onnx_type, a.dtype))
@@ -171,12 +170,15 @@ class InferenceSession:
             raise FeedError(f"keep names {unknown}, which {'is' if len(unknown) == 1 else 'are'} not among the "
                             f"outputs returned", hint=f"keep names outputs of the model ({names}) that run returns")
         feeds = {n: v if isinstance(v, DeviceTensor) else self._encode(by_name[n], v) for n, v in input_feed.items()}
+        shapes = {n: v.shape if isinstance(v, DeviceTensor) else np.shape(v) for n, v in input_feed.items()}
         self.driver.last_spans = None
-        raw, times = run_sync(self.interp.run_raw(feeds, profile, keep, wanted))
+        raw, times = run_sync(self.interp.run_raw(feeds, profile, keep, wanted, shapes))
         self.last_profile = times
         spans = self.driver.last_spans
         self.last_trace = chrome_trace(self.module.info.get("dispatches", []), spans,
                                        self.module.info.get("model", "")) if spans else None
-        outs = {io.name: raw[io.name] if isinstance(raw[io.name], DeviceTensor) else self._decode(io, raw[io.name])
+        shapes = self.interp.last_shapes
+        outs = {io.name: raw[io.name] if isinstance(raw[io.name], DeviceTensor) else
+                self._decode(io, raw[io.name], shapes.get(io.name))
                 for io in self.module.outputs if io.name in raw}
         return [outs[n] for n in wanted]

@@ -137,10 +137,12 @@ def _read_tokenizer(path) -> bytes:
 
 
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
-            targets=None, tokenizer=None):
+            targets=None, tokenizer=None, dims=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
-    input_shapes: {input name: [dims]} pins symbolic dims.
+    input_shapes: {input name: [dims]}: each dim an int or a range (min, max) / "min..max".
+    dims: {symbolic dim name: int or range}, wherever the name appears. A range makes a dynamic
+      build: one module serves every size in it (ir/sym.py, docs/schedule-module.md).
     limits: 'default' (WebGPU defaults; runs anywhere), 'adapter', or a dict.
     pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
     targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V: native runtime only) or
@@ -150,11 +152,15 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
       manifest's files (webiree.text and webiree.js read it).
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
-    shapes = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
+    from ..compiler.importer import parse_dim
+    shapes = {k: [parse_dim(d, f"input_shapes[{k!r}]") for d in v] for k, v in (input_shapes or {}).items()}
+    dims = {k: parse_dim(v, f"dims[{k!r}]") for k, v in (dims or {}).items()}
     tokenizer_bytes = None if tokenizer is None else _read_tokenizer(tokenizer)
     result = compile_model(model, shapes, resolve_target(limits), validate=shader_validator if validate else None,
-                           dump_after=dump_after, targets=targets)
-    options = {"input_shapes": shapes, "limits": limits if isinstance(limits, str) else "custom",
+                           dump_after=dump_after, targets=targets, dims=dims)
+    options = {"input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v] for k, v in shapes.items()},
+               "limits": limits if isinstance(limits, str) else "custom",
+               **({"dims": {k: list(v) if isinstance(v, tuple) else v for k, v in dims.items()}} if dims else {}),
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
     if result.spirv:   # recorded only when not the default (WGSL only)
         fmt = result.module.executables[0].format if result.module.executables else "wgsl"

@@ -14,6 +14,8 @@ between building the kernel IR and rendering it: the renderers only print.
 
 from __future__ import annotations
 
+from ..ir.program import numel
+
 import re
 from dataclasses import dataclass, field
 
@@ -30,6 +32,8 @@ from ..wgsl_codegen.legalize import legalize
 from . import memory, passes
 from .importer import import_model
 from .lowering import lower
+from .registers import Registers
+from ..ir.sym import Dim, is_static, upper, upper_shape
 
 STAGES = ("import", "lower", "fuse", "memory", "kernels")
 
@@ -53,8 +57,8 @@ def check_dispatch_limits(dispatches, lim: dict) -> None:
     grid or sizes its workgroup too large is caught here, as a LimitsError naming the limit)."""
     cap = lim["max_compute_workgroups_per_dimension"]
     for d in dispatches:
-        if any(g > cap for g in d.grid):
-            raise LimitsError(f"dispatch {d.name} needs a grid of {tuple(d.grid)} workgroups, above the "
+        if any(upper(g) > cap for g in d.grid):
+            raise LimitsError(f"dispatch {d.name} needs a grid of {tuple(upper(g) for g in d.grid)} workgroups, above the "
                               f"maxComputeWorkgroupsPerDimension of {cap}", hint="use a smaller input shape")
         wg = tuple(d.kernel.workgroup_size) + (1,) * (3 - len(d.kernel.workgroup_size))
         inv = wg[0] * wg[1] * wg[2]
@@ -102,18 +106,20 @@ def parse_targets(targets) -> tuple:
 
 
 def compile_model(model, input_shapes=None, target=None, validate=None, dump_after=(),
-                  targets=None) -> CompileResult:
+                  targets=None, dims=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
     naming the stage, with the original exception chained (`--debug` shows its traceback).
     target: a Target (webiree/target.py), or what Target.resolve takes ('default', 'gpu', 'cpu',
     a dict of limits). validate: None, or a function
     validate(dispatch name, format, code) called on every executable's code in every target
     format (the bundler hands in naga through wgpu and spirv-val; a failure raises).
-    targets: see parse_targets (default WGSL only, or $WEBIREE_TARGETS)."""
+    targets: see parse_targets (default WGSL only, or $WEBIREE_TARGETS).
+    input_shapes: {input: [dims]}, each an int or a range (lo, hi) / "lo..hi"; dims: {symbolic dim
+    name: int or range} wherever the name appears (a range makes a dynamic build, ir/sym.py)."""
     stage = ["import"]
     targets = parse_targets(targets)
     try:
-        return _compile(stage, model, input_shapes, Target.resolve(target), validate, dump_after, targets)
+        return _compile(stage, model, input_shapes, Target.resolve(target), validate, dump_after, targets, dims)
     except WebireeError:
         raise
     except Exception as e:
@@ -122,10 +128,11 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
                                "(webiree --debug shows the traceback)") from e
 
 
-def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",)) -> CompileResult:
+def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",),
+             dims=None) -> CompileResult:
     lim = target.as_limits()
     dumps = {}
-    graph = import_model(model, input_shapes)
+    graph = import_model(model, input_shapes, dims)
     if "import" in dump_after:
         dumps["import"] = graph.summary()
     stage[0] = "lower"
@@ -164,7 +171,8 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
                 if targets[0] == "spirv":
                     code = spv[-1][1]
             executables.append(F.Executable(d.name, targets[0], code, "main", d.kernel.workgroup_size,
-                                            [(b.slot, b.writes) for b in d.kernel.bindings]))
+                                            [(b.slot, F.BIND_READONLY if b.readonly else int(b.writes))
+                                             for b in d.kernel.bindings]))
             shaders.append((fname, text))
         exec_of.append(sources[body])
     if validate:
@@ -198,11 +206,15 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         blob[start:start + len(raw)] = raw
     buffers = [F.BufferInfo(b.kind, b.size, page_offset.get(i, 0), b.name) for i, b in enumerate(plan.buffers)]
 
+    regs = Registers(prog.symbols, [(i, prog.tensors[n].shape) for i, n in enumerate(prog.inputs)]) \
+        if prog.symbols else None
+
     def io(tensor_name, shown_name):
         root = prog.root(tensor_name)
         t, p = prog.tensors[tensor_name], plan.placement[root]
-        return F.IOInfo(shown_name, prog.tensors[root].dtype, int(prog.io_types[tensor_name]), tuple(t.shape),
-                        p.buffer, p.offset, 4 * int(np.prod(t.shape, dtype=np.int64)))
+        dyn = () if is_static(t.shape) else tuple(regs.of(d) if isinstance(d, Dim) else None for d in t.shape)
+        return F.IOInfo(shown_name, prog.tensors[root].dtype, int(prog.io_types[tensor_name]), upper_shape(t.shape),
+                        p.buffer, p.offset, 4 * upper(numel(t.shape)), dyn)
 
     inputs = [io(n, n) for n in prog.inputs]
     outputs = [io(n, shown) for n, shown in zip(prog.outputs, prog.output_names)]
@@ -214,11 +226,19 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         for slot, tensor in enumerate(d.tensors):
             p = plan.placement[prog.root(tensor)]
             binds.append((slot, p.buffer, p.offset, p.size))
-        commands.append((F.OP_DISPATCH, ex, *d.grid, binds))
-        info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": list(d.grid),
+        if is_static(d.grid):
+            commands.append((F.OP_DISPATCH, ex, *d.grid, binds))
+        else:
+            commands.append((F.OP_DISPATCH_DYN, ex, *(regs.of(g) for g in d.grid), binds))
+        info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": [str(g) for g in d.grid]
+                                if not is_static(d.grid) else list(d.grid),
                                 "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors,
                                 "flops": op_flops(op)})
     commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
+    symbols = []
+    if regs is not None:
+        commands = regs.commands + commands     # registers first: assigned once per run
+        symbols = [(s.name, s.lo, s.hi) for s in prog.symbols]
     info = {
         "model": prog.name,
         "dispatches": info_dispatches,
@@ -226,7 +246,11 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
                    "max_live": plan.max_live, "weights": sum(b.size for b in plan.buffers if b.kind == "weights")},
         "views": sorted(n for n, t in prog.tensors.items() if t.alias_of is not None),
     }
+    if prog.symbols:   # the symbolic shapes of the boundary, for inspect
+        info["shapes"] = {shown: [str(d) for d in prog.tensors[n].shape]
+                          for n, shown in list(zip(prog.inputs, prog.inputs)) + list(zip(prog.outputs, prog.output_names))}
     limits = {k: int(v) for k, v in lim.items() if isinstance(v, int)}
     if not any(kir.uses_subgroups(d.kernel) for d in dispatches):
         limits.pop("subgroup_size", None)    # recorded only where a kernel relies on it
-    return F.Module(executables, buffers, inputs, outputs, commands, limits, info), bytes(blob)
+    return F.Module(executables, buffers, inputs, outputs, commands, limits, info,
+                    regs.count if regs is not None else 0, symbols), bytes(blob)

@@ -77,6 +77,7 @@ class Graph:
     constants: dict[str, np.ndarray]         # initializers and folded values
     opset: int = 17
     symbolic_inputs: dict = field(default_factory=dict)  # input -> dims as given in the file
+    symbols: dict = field(default_factory=dict)          # symbolic dim name -> its Dim (ir/sym.py)
     domain_opsets: dict = field(default_factory=dict)    # other imported domains -> their opset version
 
     def producers(self) -> dict[str, Node]:

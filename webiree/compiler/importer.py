@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import ModelError, ShapeError
+from ..ir.sym import Dim, symbol
 from .graph import Graph, Node, TensorType
 
 MIN_OPSET, MAX_OPSET = 1, 28   # what onnx 1.23 defines; handlers reject legacy forms they cannot honour
@@ -203,7 +204,7 @@ def _as_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def import_model(model, input_shapes: dict | None = None) -> Graph:
+def import_model(model, input_shapes: dict | None = None, dims: dict | None = None) -> Graph:
     proto = sort_nodes(load_model_proto(model))
     input_shapes = dict(input_shapes or {})
     checked = _as_checked(proto)
@@ -225,60 +226,16 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
 
     init_names = {t.name for t in g.initializer}
     real_inputs = [vi for vi in g.input if vi.name not in init_names]
-    unknown = set(input_shapes) - {vi.name for vi in real_inputs}
-    if unknown:
-        raise ShapeError(f"--input-shape names no input of the model: {sorted(unknown)}",
-                         hint=f"the inputs are {[vi.name for vi in real_inputs]}")
-
-    # pin symbolic dims: the user's shapes first, then dim_params resolved by name
-    symbolic, unresolved, by_param = {}, [], {}
+    symbols, input_dims = resolve_input_dims(real_inputs, input_shapes, dims or {})
     for vi in real_inputs:
-        dims = _dims(vi)
-        if dims is None:
-            dims = input_shapes.get(vi.name)
-            if dims is None:
-                unresolved.append((vi.name, "?"))
-                continue
-        symbolic[vi.name] = list(dims)
-        if vi.name in input_shapes:
-            want = [int(x) for x in input_shapes[vi.name]]
-            if len(want) != len(dims):
-                raise ShapeError(f"--input-shape {vi.name} gives {len(want)} dims, the model's input has {len(dims)}",
-                                 hint=f"the model declares {vi.name} as {dims}")
-            for d, w in zip(dims, want):
-                if isinstance(d, int) and d > 0 and d != w:
-                    raise ShapeError(f"--input-shape {vi.name}: dim {w} contradicts the model's fixed dim {d}",
-                                     hint=f"the model declares {vi.name} as {dims}")
-                if isinstance(d, str):
-                    by_param[d] = w
-    for vi in real_inputs:
-        if vi.name not in symbolic:
-            continue
-        dims = input_shapes.get(vi.name) or [by_param.get(d, d) if isinstance(d, str) else d for d in symbolic[vi.name]]
-        if any(not isinstance(d, int) or d is None or d < 0 for d in dims):
-            unresolved.append((vi.name, symbolic[vi.name]))
-            continue
-        if any(d == 0 for d in dims) and vi.name not in input_shapes:
-            unresolved.append((vi.name, symbolic[vi.name]))
-            continue
         shape = vi.type.tensor_type.shape
         del shape.dim[:]
-        for d in dims:
-            shape.dim.add().dim_value = int(d)
-    zero = [(n, d) for n, d in unresolved if isinstance(d, list) and 0 in d and
-            all(isinstance(x, int) and x >= 0 for x in d)]
-    if zero and len(zero) == len(unresolved):
-        parts = ", ".join(f"{n} {d}" for n, d in zero)
-        example = " ".join(f"--input-shape {n}=" + ",".join(str(x) for x in d) for n, d in zero)
-        raise ShapeError(f"input(s) declare a 0-sized dim: {parts} (some exporters write 0 for an unknown dim)",
-                         hint=f"pin the real size, or confirm an empty input with {example}")
-    if unresolved:
-        parts = ", ".join(f"{n} {d}" for n, d in unresolved)
-        example = " ".join(f"--input-shape {n}=" + ",".join("1" if not isinstance(x, int) or x <= 0 else str(x)
-                                                           for x in (d if isinstance(d, list) else [1]))
-                           for n, d in unresolved)
-        raise ShapeError(f"cannot resolve the shape of input(s): {parts}",
-                         hint=f"pin every symbolic dim, e.g. {example}")
+        for d in input_dims[vi.name]:
+            if isinstance(d, Dim):
+                shape.dim.add().dim_param = str(d)
+            else:
+                shape.dim.add().dim_value = int(d)
+    symbolic = {vi.name: _dims(vi) for vi in real_inputs}
 
     try:
         # strict first: it reports type errors (an Add of float and int64, bool Gather indices)
@@ -294,8 +251,12 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
         if not vi.type.HasField("tensor_type"):
             continue
         dims = _dims(vi)
-        if dims is None or any(not isinstance(d, int) for d in dims):
+        if dims is None:
             continue
+        if vi.name in input_dims:
+            dims = input_dims[vi.name]
+        # a dim ONNX inference names after one of our symbols is that symbol; others are unknown (None)
+        dims = [d if isinstance(d, (int, Dim)) else symbols.get(d) for d in dims]
         types[vi.name] = TensorType(tuple(dims), vi.type.tensor_type.elem_type)
 
     constants = {}
@@ -326,7 +287,126 @@ def import_model(model, input_shapes: dict | None = None) -> Graph:
             raise ModelError("the graph has an output with an empty name")
     return Graph(name=g.name or "model", inputs=[vi.name for vi in real_inputs], outputs=outputs,
                  nodes=nodes, types=types, constants=constants, opset=opset, symbolic_inputs=symbolic,
+                 symbols=symbols,
                  domain_opsets={o.domain: o.version for o in proto.opset_import if o.domain not in ("", "ai.onnx")})
+
+
+def parse_dim(spec, what: str):
+    """One dim of --input-shape / --dim: an int, (lo, hi), [lo, hi] or 'lo..hi' -> int or (lo, hi)."""
+    if isinstance(spec, str):
+        text = spec.strip()
+        if ".." in text:
+            lo, _, hi = text.partition("..")
+            spec = (lo, hi)
+        else:
+            spec = text
+    try:
+        if isinstance(spec, (tuple, list)):
+            if len(spec) != 2:
+                raise ValueError
+            lo, hi = int(spec[0]), int(spec[1])
+            if lo < 0 or hi < lo:
+                raise ShapeError(f"{what}: the range {lo}..{hi} is empty or negative",
+                                 hint="give a range min..max with 0 <= min <= max, e.g. 1..512")
+            return (lo, hi) if lo != hi else lo
+        v = int(spec)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{what}: {spec!r} is neither a size nor a range min..max",
+                         hint="e.g. --input-shape input_ids=1,1..512 or --dim seq=1..512") from None
+    if v < 0:
+        raise ShapeError(f"{what}: negative size {v}")
+    return v
+
+
+def resolve_input_dims(real_inputs, input_shapes: dict, dims: dict):
+    """Every input's shape as ints and symbolic Dims, and the symbols by name.
+
+    Sources, in order: `input_shapes` (per input: ints and ranges), `dims` (a named dim_param
+    -> int or range, wherever it appears); a range at a dim the model names (`seq`) bounds that
+    name everywhere. A dim left unbounded is a ShapeError naming it and the flags that bound it."""
+    by_param: dict[str, object] = {}
+    for name, spec in dims.items():
+        by_param[name] = parse_dim(spec, f"--dim {name}")
+    declared = {vi.name: _dims(vi) for vi in real_inputs}
+    unknown = set(input_shapes) - set(declared)
+    if unknown:
+        raise ShapeError(f"--input-shape names no input of the model: {sorted(unknown)}",
+                         hint=f"the inputs are {list(declared)}")
+    unused = set(by_param) - {d for ds in declared.values() if ds for d in ds if isinstance(d, str)}
+    if unused:
+        raise ShapeError(f"--dim names no symbolic dim of the model's inputs: {sorted(unused)}",
+                         hint="the inputs' symbolic dims are " + (", ".join(sorted(
+                             {d for ds in declared.values() if ds for d in ds if isinstance(d, str)})) or "(none)"))
+    given: dict[tuple, object] = {}      # (input, axis) -> int | (lo, hi)
+    for vi in real_inputs:
+        ds = declared[vi.name]
+        if vi.name not in input_shapes:
+            continue
+        want = [parse_dim(x, f"--input-shape {vi.name}") for x in input_shapes[vi.name]]
+        if ds is None:
+            declared[vi.name] = ds = [None] * len(want)
+        if len(want) != len(ds):
+            raise ShapeError(f"--input-shape {vi.name} gives {len(want)} dims, the model's input has {len(ds)}",
+                             hint=f"the model declares {vi.name} as {ds}")
+        for axis, (d, w) in enumerate(zip(ds, want)):
+            if isinstance(d, int) and d > 0 and w != d:
+                raise ShapeError(f"--input-shape {vi.name}: dim {w} contradicts the model's fixed dim {d}",
+                                 hint=f"the model declares {vi.name} as {ds}")
+            given[(vi.name, axis)] = w
+            if isinstance(d, str):
+                if d in by_param and by_param[d] != w:
+                    raise ShapeError(f"dim {d!r} is given as {_show(by_param[d])} and as {_show(w)}",
+                                     hint=f"bound {d!r} once (--dim {d}=...) or alike everywhere")
+                by_param[d] = w
+    symbols: dict[str, Dim] = {}
+
+    def sym_for(name, rng):
+        if name not in symbols:
+            symbols[name] = symbol(name, len(symbols), *rng)
+        return symbols[name]
+
+    out, unresolved, zero = {}, [], []
+    for vi in real_inputs:
+        ds = declared[vi.name]
+        if ds is None:
+            unresolved.append((vi.name, "?", None))
+            continue
+        shape = []
+        for axis, d in enumerate(ds):
+            w = given.get((vi.name, axis), by_param.get(d) if isinstance(d, str) else None)
+            if w is None:
+                if isinstance(d, int) and d > 0:
+                    w = d
+                elif isinstance(d, int) and d == 0:
+                    zero.append((vi.name, ds))
+                    w = 0
+                else:
+                    unresolved.append((vi.name, ds, d))
+                    w = 1
+            if isinstance(w, tuple):
+                w = sym_for(d if isinstance(d, str) else f"{vi.name}_{axis}", w)
+            shape.append(w)
+        out[vi.name] = shape
+    if zero and not unresolved:
+        parts = ", ".join(f"{n} {d}" for n, d in dict(zero).items())
+        example = " ".join(f"--input-shape {n}=" + ",".join(str(x) for x in d) for n, d in dict(zero).items())
+        raise ShapeError(f"input(s) declare a 0-sized dim: {parts} (some exporters write 0 for an unknown dim)",
+                         hint=f"pin the real size, or confirm an empty input with {example}")
+    if unresolved:
+        named = sorted({d for _, _, d in unresolved if isinstance(d, str)})
+        parts = ", ".join(f"{n} {d}" for n, d, _ in unresolved)
+        pins = " ".join(f"--input-shape {n}=" + ",".join("1" if not isinstance(x, int) or x <= 0 else str(x)
+                                                         for x in (d if isinstance(d, list) else [1]))
+                        for n, d in dict((n, d) for n, d, _ in unresolved).items())
+        flags = (" ".join(f"--dim {d}=1..N" for d in named) + f" (a range), or {pins} (fixed)") if named else pins
+        what = f"symbolic dim(s) {named} have no bound" if named else "cannot resolve the shape of input(s)"
+        raise ShapeError(f"{what}: {parts}",
+                         hint=f"bound each symbolic dim with a range or pin it, e.g. {flags}")
+    return symbols, out
+
+
+def _show(w) -> str:
+    return f"{w[0]}..{w[1]}" if isinstance(w, tuple) else str(w)
 
 
 __all__ = ["import_model", "load_model_proto", "np"]

@@ -31,6 +31,8 @@ from ..dtypes import name_of, rounded_of
 from .graph import Graph, Node, internal_dtype, internal_of_numpy
 from ..ir.program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
 from ..ir.program import O as OUT_INDEX
+from ..ir.sym import SymbolicDimError, upper
+from . import symbolic
 
 MAX_ELEMENTS = (1 << 31) - 1         # i32 index math
 MAX_FOLD_ELEMENTS = 1 << 25          # largest value constant folding may compute (32M elements)
@@ -107,7 +109,8 @@ class Lowering:
 
     def dtype(self, name: str) -> str:
         if name in self.consts:
-            dt = internal_of_numpy(self.consts[name].dtype)
+            c = self.consts[name]
+            dt = internal_of_numpy(symbolic.value_dtype(c))
             return dt or "f32"
         self.shape(name)
         return self.tensors[name].dtype
@@ -157,6 +160,11 @@ class Lowering:
 
     def buffer(self, name: str) -> str:
         """The tensor whose buffer holds `name` (for anchors that bind it directly)."""
+        c = self.const(name)
+        if c is not None and symbolic.is_symbolic(c):
+            out = self.fresh(f"{name}:value")
+            self.generic(out, c.shape, self.dtype(name), lambda cs: self.read(name, cs))
+            return out
         if self.const(name) is not None:
             return self._const_tensor(name)
         self.shape(name)
@@ -164,6 +172,9 @@ class Lowering:
 
     def read_flat(self, name: str, flat: Expr) -> Expr:
         c = self.const(name)
+        if c is not None and symbolic.is_symbolic(c):
+            # a shape value computed from symbolic dims: its elements, from the dims buffer
+            return symbolic.read_value(c, flat, self.dtype(name))
         if c is not None:
             if c.size == 1:
                 v = to_internal_array(np.asarray(c).reshape(-1), name)[0]   # checks type and int32 range
@@ -190,10 +201,10 @@ class Lowering:
 
     # --- producing tensors -------------------------------------------------
     def _new(self, name: str, shape, dtype: str) -> Tensor:
-        shape = tuple(int(d) for d in shape)
+        shape = symbolic.as_shape(shape)
         if any(d < 0 for d in shape):
             raise ShapeError(f"negative dimension in output shape {shape}", node=self.node.name, op=self.node.op)
-        if numel(shape) > MAX_ELEMENTS:
+        if upper(numel(shape)) > MAX_ELEMENTS:
             raise ShapeError(f"tensor {name!r} of shape {shape} has more elements than 32-bit indexing allows",
                              node=self.node.name, op=self.node.op, hint="use a smaller input shape")
         t = Tensor(name, shape, dtype)
@@ -202,7 +213,7 @@ class Lowering:
         return t
 
     def set_const(self, name: str, value) -> None:
-        self.consts[name] = np.asarray(value)
+        self.consts[name] = symbolic.as_value(value)
 
     def generic(self, out: str, shape, dtype: str, fn) -> Generic:
         """Emit out[coords] = fn(coords) as one Generic op (returned)."""
@@ -216,7 +227,7 @@ class Lowering:
 
     def view(self, out: str, src: str, shape) -> None:
         """out is `src` with another shape (same elements, same order): no dispatch."""
-        shape = tuple(int(d) for d in shape)
+        shape = symbolic.as_shape(shape)
         if numel(shape) != numel(self.shape(src)):
             raise ShapeError(f"cannot view {self.shape(src)} as {shape}", node=self.node.name, op=self.node.op)
         c = self.const(src)
@@ -343,9 +354,17 @@ def lower(graph: Graph) -> Program:
         handler = registry.OPS.get(node.op if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op}")
         all_const = all(ctx.const(i) is not None for i in node.inputs if i)
         try:
+            args = [ctx.const(i) if i else None for i in node.inputs] if all_const else []
+            if all_const and any(a is not None and symbolic.is_symbolic(a) for a in args):
+                # shape arithmetic on symbolic dims: evaluated on Dims where it can be, else a kernel
+                values = symbolic.fold(node, args, ctx)
+                if values is not None:
+                    for o, v in zip([o for o in node.outputs if o], values):
+                        ctx.set_const(o, v)
+                    continue
+                all_const = False      # a kernel computes it (its handler reads the values from the dims)
             if all_const and node.op not in NONDETERMINISTIC \
                     and node.domain != "webiree":     # webiree's own internal ops are lowered by their handlers
-                args = [ctx.const(i) if i else None for i in node.inputs]
                 check_fold_size(node, args, ctx.opset, graph.types)
                 try:
                     values = fold_node(node, args, ctx.opset, node.domain)
@@ -383,6 +402,10 @@ def lower(graph: Graph) -> Program:
                 continue
             queue.extendleft(reversed(body))
             continue
+        except SymbolicDimError as e:
+            raise UnsupportedOpError(f"{node.op} does not take a symbolic size here yet: {e}", node=node.name,
+                                     op=node.op, hint="pin the dim it depends on with --input-shape (or a "
+                                                      "single-value --dim NAME=N)") from e
         except WebireeError as e:
             if e.node is None:
                 e.node, e.op = node.name, node.op
@@ -421,6 +444,10 @@ def lower(graph: Graph) -> Program:
         outputs.append(name_out)
         ctx.onnx_types[name_out] = graph.types[name].elem_type if name in graph.types else _default_onnx_type(ctx, name)
     prog = Program(graph.name, ctx.tensors, ctx.ops, list(graph.inputs), outputs, list(graph.outputs))
+    if graph.symbols:
+        from ..ir.sym import DIMS_BUFFER
+        prog.symbols = sorted((d.symbols()[0] for d in graph.symbols.values()), key=lambda s: s.index)
+        prog.tensors[DIMS_BUFFER] = Tensor(DIMS_BUFFER, (len(prog.symbols),), "i32", kind="params")
     for name, out in zip(graph.outputs, outputs):
         prog.tensors[ctx.root(out)].kind = "output"
     prog.io_types = {n: ctx.onnx_types[n] for n in list(graph.inputs) + outputs}

@@ -33,7 +33,7 @@ class Placement:
 
 @dataclass
 class BufferDecl:
-    kind: str          # 'weights' | 'input' | 'arena'
+    kind: str          # 'weights' | 'input' | 'arena' | 'params'
     size: int
     name: str = ""
 
@@ -96,6 +96,11 @@ def plan_memory(prog: Program, limits: dict) -> MemoryPlan:
         check_binding(name, size)
         buffers.append(BufferDecl("input", size, name))
         placement[name] = Placement(len(buffers) - 1, 0, size)
+
+    for name, t in prog.tensors.items():
+        if t.kind == "params":      # the dims buffer (ir/sym.py): one i32 per symbol, written per run
+            buffers.append(BufferDecl("params", max(t.nbytes, 4), name))
+            placement[name] = Placement(len(buffers) - 1, 0, max(t.nbytes, 4))
 
     # lifetimes of arena tensors (roots only; views share their root's placement)
     first, last = {}, {}

@@ -326,7 +326,8 @@ class BrowserDriver(Driver):
         d = self.device
         visibility = self._js.GPUShaderStage.COMPUTE
         layout = d.createBindGroupLayout(self._obj({"label": name, "entries": [
-            {"binding": slot, "visibility": visibility, "buffer": {"type": "storage"}} for slot, _ in bindings]}))
+            {"binding": slot, "visibility": visibility, "buffer": {"type": "read-only-storage" if kind == 2 else "storage"}}
+            for slot, kind in bindings]}))
         shader = d.createShaderModule(self._obj({"label": name, "code": bytes(code).decode("utf-8")}))
         pipeline_layout = d.createPipelineLayout(self._obj({"bindGroupLayouts": [layout]}))
         what = f"creating the pipeline of dispatch {name}"

@@ -25,11 +25,63 @@ def type_name(onnx_type: int) -> str:
     return name_of(onnx_type)
 
 
-def check_shape(io, shape) -> None:
+def declared_shape(module, io) -> list:
+    """An input's or output's shape as the build declares it: ints, a symbol's name where the dim
+    is a symbol, None where it is computed from them (as onnxruntime shows symbolic dims)."""
+    nsym = len(module.symbols)
+    if not io.regs:
+        return list(io.shape)
+    return [d if r is None else (module.symbols[r][0] if r < nsym else None) for d, r in zip(io.shape, io.regs)]
+
+
+def check_shape(io, shape, module=None) -> None:
+    """A fed shape against a static input (a dynamic module's inputs are checked by bind_dims)."""
     shape = tuple(int(d) for d in shape)
+    if io.dynamic:
+        if len(shape) != len(io.shape):
+            raise FeedError(f"input {io.name!r} has rank {len(shape)}; the model's input has rank {len(io.shape)}",
+                            hint=f"feed a shape like {declared_shape(module, io) if module else list(io.shape)}")
+        return
     if shape != tuple(io.shape):
         raise FeedError(f"input {io.name!r} has shape {shape}; the model was compiled for {tuple(io.shape)}",
                         hint="feed exactly that shape, or rebuild with --input-shape")
+
+
+def bind_dims(module, shapes: dict) -> list:
+    """The register file of one run: every symbol's value taken from the fed shapes (name ->
+    shape), each checked against its declared range and against its other occurrences. A static
+    module needs no shapes (those given are checked)."""
+    from ..module.format import eval_registers
+    if not module.symbols:
+        for io in module.inputs:
+            if io.name in shapes:
+                check_shape(io, shapes[io.name])
+        return eval_registers(module, {i: io.shape for i, io in enumerate(module.inputs)})
+    values: dict[int, tuple] = {}
+    dims = {}
+    for i, io in enumerate(module.inputs):
+        if io.name not in shapes:
+            raise FeedError(f"input {io.name!r} comes without a shape; this build takes sizes in ranges",
+                            hint=f"give its shape, {declared_shape(module, io)}")
+        shape = tuple(int(d) for d in shapes[io.name])
+        check_shape(io, shape, module)
+        for axis, (d, fixed, r) in enumerate(zip(shape, io.shape, io.regs)):
+            if r is None:
+                if d != fixed:
+                    raise FeedError(f"input {io.name!r} has {d} at dim {axis}; the model fixes it at {fixed}",
+                                    hint=f"feed a shape like {declared_shape(module, io)}")
+                continue
+            name, lo, hi = module.symbols[r]
+            if not lo <= d <= hi:
+                raise FeedError(f"input {io.name!r}: dim {axis} ({name}) is {d}, outside the build's range {lo}..{hi}",
+                                hint=f"rebuild with a wider range, e.g. --dim {name}={min(lo, d)}..{max(hi, d)}")
+            if r in values and values[r][0] != d:
+                other_d, other_io, other_axis = values[r]
+                raise FeedError(f"dim {name} is {d} in input {io.name!r} (dim {axis}) but {other_d} in input "
+                                f"{other_io!r} (dim {other_axis})", hint=f"every occurrence of {name} must be equal")
+            values[r] = (d, io.name, axis)
+        dims[i] = shape
+    return eval_registers(module, dims)
 
 
 def _as_array(data, code: str) -> array.array:
@@ -51,9 +103,10 @@ def _little(a: array.array) -> array.array:
     return a
 
 
-def encode_input(io, data, onnx_type: int | None = None) -> bytes:
+def encode_input(io, data, onnx_type: int | None = None, shape=None) -> bytes:
     """The storage bytes of one input, from an array.array, a bytes-like
-    object in the ONNX element type, or a flat sequence of numbers."""
+    object in the ONNX element type, or a flat sequence of numbers (of `shape`, default the
+    input's declared shape)."""
     onnx_type = io.onnx_type if onnx_type is None else onnx_type
     if onnx_type != io.onnx_type:
         raise FeedError(f"input {io.name!r} must be {type_name(io.onnx_type)}, got {type_name(onnx_type)}",
@@ -62,11 +115,12 @@ def encode_input(io, data, onnx_type: int | None = None) -> bytes:
     if code is None:
         raise FeedError(f"input {io.name!r} has unsupported type {type_name(onnx_type)}")
     a = _as_array(data, code)
+    shape = tuple(io.shape if shape is None else shape)
     n = 1
-    for d in io.shape:
+    for d in shape:
         n *= d
     if len(a) != n:
-        raise FeedError(f"input {io.name!r} has {len(a)} elements; shape {tuple(io.shape)} needs {n}")
+        raise FeedError(f"input {io.name!r} has {len(a)} elements; shape {shape} needs {n}")
     if onnx_type == 10:     # float16 bits (host form array('H')) widen exactly
         out = array.array("f", struct.unpack(f"<{n}e", _little(a).tobytes()))
     elif onnx_type == 16:   # bfloat16 bits: the upper half of an f32

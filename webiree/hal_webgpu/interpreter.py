@@ -18,11 +18,18 @@ from __future__ import annotations
 
 from ..errors import DeviceError, FeedError, LimitsError, ModelError
 from ..module import format as F
-from .feeds import decode_output, encode_input, type_name
+from .feeds import bind_dims, decode_output, encode_input, type_name
 from .requirements import check_requirements
 
 def _round4(n: int) -> int:
     return (n + 3) // 4 * 4
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 class DeviceTensor:
@@ -31,14 +38,14 @@ class DeviceTensor:
     Feed it back to the session that made it; `read()` (awaitable storage bytes) or, natively,
     `numpy()` reads it back on demand; `release()` frees it (also done when its session closes)."""
 
-    def __init__(self, owner: "Interpreter", buffer, io):
+    def __init__(self, owner: "Interpreter", buffer, io, shape=None):
         self._owner = owner
         self.buffer = buffer
         self.name = io.name
-        self.shape = tuple(io.shape)
+        self.shape = tuple(io.shape if shape is None else shape)
         self.onnx_type = io.onnx_type
         self.dtype = io.dtype
-        self.size = io.size
+        self.size = 4 * _numel(self.shape)
 
     @property
     def released(self) -> bool:
@@ -94,6 +101,9 @@ class Interpreter:
         self.readback = None
         self.readback_size = 0
         self.prepared = False
+        self.params = []       # the dims buffers of a dynamic module (written per run)
+        self.dynamic = bool(module.symbols) or any(c[0] == F.OP_DISPATCH_DYN for c in module.commands)
+        self.last_shapes = {}  # name -> shape of every input and output of the last run
         self._plans = {}       # frozenset of output indices read back -> (items, readbacks, size)
         self._resident = {}    # id -> DeviceTensor made by this interpreter and not released
         self._out_by_name = {io.name: io for io in module.outputs}
@@ -132,11 +142,12 @@ class Interpreter:
         for i, b in enumerate(m.buffers):
             buf = d.create_buffer(max(b.size, 4), "storage", b.name or f"{b.kind}{i}")
             self.buffers.append(buf)
+            if b.kind == "params":
+                self.params.append(buf)
             if b.kind == "weights":
                 d.write_buffer(buf, 0, self.weights[b.blob_offset:b.blob_offset + b.size])
         pending = [d.create_pipeline(e.name, e.format, e.code, e.entry, e.bindings) for e in m.executables]
         pipelines = [await p for p in pending]
-        regs = [0] * max(m.registers, 1)
         for cmd in m.commands:
             op = cmd[0]
             if op == F.OP_UPLOAD_INPUT:
@@ -144,22 +155,16 @@ class Interpreter:
                 self.uploads.append((cmd[1], self.buffers[io.buffer], io.offset))
             elif op in (F.OP_DISPATCH, F.OP_DISPATCH_DYN):
                 _, ex, gx, gy, gz, binds = cmd
-                if op == F.OP_DISPATCH_DYN:
-                    gx, gy, gz = regs[gx], regs[gy], regs[gz]
                 entries = [(slot, self.buffers[buf], off, size) for slot, buf, off, size in binds]
                 bg = d.create_bind_group(pipelines[ex], entries)
-                self.items.append(("dispatch", pipelines[ex], bg, (gx, gy, gz)))
+                # a dynamic dispatch keeps its count registers ("dispatch_dyn"); run() fills them in
+                kind = "dispatch" if op == F.OP_DISPATCH else "dispatch_dyn"
+                self.items.append((kind, pipelines[ex], bg, (gx, gy, gz)))
             elif op == F.OP_READBACK:
                 io = m.outputs[cmd[1]]
                 self.readbacks.append((cmd[1], io.buffer, io.offset, self.readback_size, io.size))
                 self.readback_size += (io.size + 3) // 4 * 4
-            elif op == F.OP_SET_REG:
-                regs[cmd[1]] = cmd[2]
-            elif op == F.OP_LOAD_DIM:
-                regs[cmd[1]] = m.inputs[cmd[2]].shape[cmd[3]]
-            elif op == F.OP_ARITH:
-                _, aop, dst, a, b = cmd
-                regs[dst] = _arith(F.ARITH_OPS[aop], regs[a], regs[b])
+            # SET_REG / LOAD_DIM / ARITH: evaluated per run (format.eval_registers)
         self.dispatches = list(self.items)
         self.readback = d.create_buffer(max(self.readback_size, 4), "readback", "readback")
         for _, buf, off, dst, size in self.readbacks:
@@ -196,18 +201,20 @@ class Interpreter:
         if t.released:
             raise FeedError(f"input {io.name!r} is device tensor {t.name!r}, which was released",
                             hint="feed a device tensor before releasing it")
-        if tuple(t.shape) != tuple(io.shape):
+        if not io.dynamic and tuple(t.shape) != tuple(io.shape):
             raise FeedError(f"input {io.name!r} has shape {tuple(t.shape)} (device tensor {t.name!r}); "
                             f"the model was compiled for {tuple(io.shape)}", hint="feed exactly that shape")
-        if t.onnx_type != io.onnx_type or t.dtype != io.dtype or t.size != io.size:
+        if t.onnx_type != io.onnx_type or t.dtype != io.dtype:
             raise FeedError(f"input {io.name!r} must be {type_name(io.onnx_type)}, got device tensor {t.name!r} "
                             f"of {type_name(t.onnx_type)}", hint="feed a tensor of the input's type")
 
-    async def run_raw(self, feeds: dict, profile: bool = False, keep=(), outputs=None):
+    async def run_raw(self, feeds: dict, profile: bool = False, keep=(), outputs=None, shapes=None):
         """feeds: name -> storage bytes or a DeviceTensor of this interpreter. keep: output names
         to leave on the GPU, returned as new DeviceTensors; outputs: the names to return (None:
-        all); only those not kept are read back. Returns ({name: storage bytes | DeviceTensor},
-        per-dispatch ns or None)."""
+        all); only those not kept are read back. shapes: name -> the fed shape of each input (a
+        dynamic module needs them; a static one checks them where given). Returns ({name:
+        storage bytes | DeviceTensor}, per-dispatch ns or None); `last_shapes` then holds every
+        input's and output's shape in this run."""
         m, d = self.m, self.driver
         if not self.prepared:
             raise DeviceError("this session is closed (or was never prepared)", hint="create a new session")
@@ -223,16 +230,24 @@ class Interpreter:
         bad = [n for n in keep + wanted if n not in index]
         if bad:
             raise FeedError(f"unknown output name(s) {bad}", hint=f"the model's outputs are {self.output_names()}")
+        shapes = dict(shapes or {})
+        for name, t in feeds.items():
+            if isinstance(t, DeviceTensor):
+                shapes.setdefault(name, t.shape)
+        regs = bind_dims(m, shapes)
+        in_shapes = {io.name: F.shape_of(io, regs) for io in m.inputs}
         copies = []
         for i, buf, off in self.uploads:
             io = m.inputs[i]
             data = feeds[io.name]
+            size = 4 * _numel(in_shapes[io.name])
             if isinstance(data, DeviceTensor):
                 self._device_feed(io, data)
-                if io.size:
-                    copies.append((data.buffer, 0, buf, off, _round4(io.size)))
-            elif len(data) != io.size:
-                raise FeedError(f"input {io.name!r} has {len(data)} bytes, expected {io.size}")
+                if size:
+                    copies.append((data.buffer, 0, buf, off, _round4(size)))
+            elif len(data) != size:
+                raise FeedError(f"input {io.name!r} has {len(data)} bytes, expected {size} for shape "
+                                f"{in_shapes[io.name]}")
         for i, buf, off in self.uploads:
             io = m.inputs[i]
             data = feeds[io.name]
@@ -240,18 +255,28 @@ class Interpreter:
                 d.write_buffer(buf, off, data)
         if copies:
             await d.copy(copies)
+        if self.params:
+            words = b"".join(int(regs[k]).to_bytes(4, "little", signed=True) for k in range(len(m.symbols)))
+            for buf in self.params:
+                d.write_buffer(buf, 0, words)
+        out_shapes = {io.name: F.shape_of(io, regs) for io in m.outputs}
+        self.last_shapes = {**in_shapes, **out_shapes}
         items, readbacks, size = self._plan(frozenset(index[n] for n in wanted if n not in keep))
+        if self.dynamic:
+            items, readbacks = self._at_run_size(items, readbacks, regs, out_shapes)
         times = await d.submit(items, profile)
         out = {}
         if keep:
             kept = []
             for n in keep:
                 io = m.outputs[index[n]]
-                t = DeviceTensor(self, d.create_buffer(max(_round4(io.size), 4), "storage", f"kept {n}"), io)
+                nbytes = 4 * _numel(out_shapes[n])
+                t = DeviceTensor(self, d.create_buffer(max(_round4(nbytes), 4), "storage", f"kept {n}"), io,
+                                 out_shapes[n])
                 self._resident[id(t)] = t
                 out[n] = t
-                if io.size:
-                    kept.append((self.buffers[io.buffer], io.offset, t.buffer, 0, _round4(io.size)))
+                if nbytes:
+                    kept.append((self.buffers[io.buffer], io.offset, t.buffer, 0, _round4(nbytes)))
             if kept:
                 await d.copy(kept)
         if readbacks:
@@ -259,6 +284,27 @@ class Interpreter:
             for i, _, _, dst, n in readbacks:
                 out[m.outputs[i].name] = bytes(raw[dst:dst + n])
         return out, times
+
+    def _at_run_size(self, items, readbacks, regs, out_shapes):
+        """A dynamic module's items with this run's workgroup counts (from the registers) and
+        its readbacks cut to the outputs' sizes in this run (a count of 0 skips the dispatch)."""
+        m = self.m
+        sized = []
+        for it in items:
+            if it[0] == "dispatch_dyn":
+                grid = tuple(regs[r] for r in it[3])
+                if min(grid) > 0:
+                    sized.append(("dispatch", it[1], it[2], grid))
+            elif it[0] == "copy" and it[3] is self.readback:
+                i = next(i for i, _, _, dst, _ in readbacks if dst == it[4])
+                n = _round4(4 * _numel(out_shapes[m.outputs[i].name]))
+                if n:
+                    sized.append(it[:5] + (n,))
+            else:
+                sized.append(it)
+        readbacks = [(i, buf, off, dst, 4 * _numel(out_shapes[m.outputs[i].name]))
+                     for i, buf, off, dst, _ in readbacks]
+        return sized, readbacks
 
     async def read_tensor(self, t: DeviceTensor) -> bytes:
         """Read a device tensor back through a staging buffer of its size."""
@@ -289,19 +335,3 @@ class Interpreter:
         raw, _ = await self.run_raw(enc, profile, keep)
         return {io.name: raw[io.name] if isinstance(raw[io.name], DeviceTensor) else decode_output(io, raw[io.name])
                 for io in self.m.outputs}
-
-
-def _arith(op: str, a: int, b: int) -> int:
-    if op == "add":
-        return a + b
-    if op == "sub":
-        return a - b
-    if op == "mul":
-        return a * b
-    if op == "div_floor":
-        return a // b
-    if op == "div_ceil":
-        return -(-a // b)
-    if op == "min":
-        return min(a, b)
-    return max(a, b)

@@ -219,7 +219,8 @@ class WgpuDriver(Driver):
                 sm = self.device.create_shader_module(label=name, code=bytes(code))
             bgl = self.device.create_bind_group_layout(entries=[
                 {"binding": slot, "visibility": w.ShaderStage.COMPUTE,
-                 "buffer": {"type": w.BufferBindingType.storage}} for slot, _ in bindings])
+                 "buffer": {"type": w.BufferBindingType.read_only_storage if kind == 2 else
+                            w.BufferBindingType.storage}} for slot, kind in bindings])
             layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
             pipe = self.device.create_compute_pipeline(label=name, layout=layout,
                                                        compute={"module": sm, "entry_point": entry})

@@ -152,7 +152,16 @@ def f32(v) -> Expr:
     return const(v, "f32")
 
 
+def size_f32(n) -> Expr:
+    """A size (an int or a symbolic Dim) as an f32 value."""
+    if hasattr(n, "__kir__"):
+        return cast(n.__kir__(), "f32")
+    return f32(float(n))
+
+
 def i32(v) -> Expr:
+    if hasattr(v, "__kir__"):       # a symbolic size (ir/sym.py)
+        return v.__kir__()
     return const(v, "i32")
 
 
@@ -172,6 +181,8 @@ def sload(name: str, index: Expr, dtype: str) -> Expr:
 def as_expr(x, dtype: str) -> Expr:
     if isinstance(x, Expr):
         return x
+    if hasattr(x, "__kir__"):       # a symbolic size (ir/sym.py): read from the dims buffer
+        return x.__kir__()
     if isinstance(x, bool):
         return const(x, "bool") if dtype == "bool" else const(int(x), dtype)
     return const(x, dtype)
@@ -186,6 +197,8 @@ def _pair(a, b):
         return a, as_expr(b, a.dtype)
     if isinstance(b, Expr):
         return as_expr(a, b.dtype), b
+    if hasattr(a, "__kir__") or hasattr(b, "__kir__"):
+        return _pair(as_expr(a, "i32"), b)
     raise TypeError("binary op needs at least one Expr")
 
 
@@ -469,11 +482,14 @@ LINDEX = var("lindex", "u32")                            # local_invocation_inde
 
 @dataclass
 class Binding:
-    """A storage buffer the kernel reads and/or writes: array<dtype>."""
+    """A storage buffer the kernel reads and/or writes: array<dtype>. `readonly`: bound as
+    read-only storage (the dims buffer: its values are uniform, so loop bounds that read them
+    may hold barriers)."""
     slot: int
     name: str
     dtype: str
     writes: bool = False
+    readonly: bool = False
 
 
 @dataclass

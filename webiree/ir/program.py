@@ -30,6 +30,7 @@ import numpy as np
 
 from . import kir
 from .kir import Expr
+from .sym import Dim, upper
 
 O = kir.var("o", "i32")          # flat output index inside Generic exprs and epilogues
 
@@ -39,18 +40,19 @@ def acc_var(dtype: str = "f32"):
     return kir.var("acc", dtype)
 
 
-def numel(shape) -> int:
+def numel(shape):
+    """Element count: an int, or a symbolic Dim (ir/sym.py) when the shape has one."""
     n = 1
     for d in shape:
-        n *= int(d)
+        n *= d if isinstance(d, Dim) else int(d)
     return n
 
 
-def strides_of(shape) -> list[int]:
+def strides_of(shape) -> list:
     out, s = [], 1
     for d in reversed(shape):
         out.append(s)
-        s *= int(d)
+        s *= d if isinstance(d, Dim) else int(d)
     return out[::-1]
 
 
@@ -91,13 +93,14 @@ class Tensor:
     name: str
     shape: tuple
     dtype: str                  # 'f32' | 'i32' | 'u32' | 'bool'
-    kind: str = "temp"          # 'input' | 'output' | 'const' | 'temp'
+    kind: str = "temp"          # 'input' | 'output' | 'const' | 'temp' | 'params' (the dims buffer)
     data: np.ndarray | None = None   # for constants (already in the internal dtype)
     alias_of: str | None = None      # for views: the tensor whose buffer this reuses
 
     @property
     def nbytes(self) -> int:
-        return 4 * numel(self.shape)
+        """Bytes at the largest size the declared ranges allow (what memory is planned for)."""
+        return 4 * upper(numel(self.shape))
 
 
 @dataclass
@@ -257,6 +260,7 @@ class Program:
     outputs: list[str]                              # internal tensor names, in graph output order
     output_names: list[str] = field(default_factory=list)   # the ONNX names of those outputs
     io_types: dict = field(default_factory=dict)    # tensor -> ONNX elem_type at the boundary
+    symbols: list = field(default_factory=list)     # ir/sym.Symbol by dims-buffer index (dynamic builds)
 
     def root(self, name: str) -> str:
         t = self.tensors[name]
@@ -273,12 +277,13 @@ class Program:
 
 
 def op_flops(op: Op) -> int:
-    """Floating-point operations of a contraction or convolution (2 per multiply-add); 0 otherwise."""
+    """Floating-point operations of a contraction or convolution (2 per multiply-add, at the largest
+    declared size); 0 otherwise."""
     if isinstance(op, MatMul):
-        return 2 * max(numel(op.batch), 1) * op.m * op.n * op.k
+        return upper(2 * max(upper(numel(op.batch)), 1) * op.m * op.n * op.k)
     if isinstance(op, Conv):
         n, m = op.out_shape[0], op.out_shape[1]
-        return 2 * n * m * numel(op.out_shape[2:]) * op.w_shape[1] * numel(op.w_shape[2:])
+        return upper(2 * n * m * numel(op.out_shape[2:]) * op.w_shape[1] * numel(op.w_shape[2:]))
     return 0
 
 

@@ -14,16 +14,25 @@ def describe_build(path) -> str:
     info = m.info
     lines = [f"model {info.get('model', '?')} (webiree {manifest.get('webiree_version', '?')})",
              f"schedule module: {len(raw)} bytes, {len(m.executables)} executables, {len(m.commands)} commands"]
+    if m.symbols:
+        lines.append("symbolic dims (one build serves every size in range): " +
+                     ", ".join(f"{n} in {lo}..{hi}" for n, lo, hi in m.symbols))
+    exprs = info.get("shapes", {})
     for io in m.inputs:
-        lines.append(f"input  {io.name}: {list(io.shape)} {name_of(io.onnx_type)} (stored {io.dtype})")
+        shape = "[" + ", ".join(exprs[io.name]) + "]" if io.name in exprs else list(io.shape)
+        lines.append(f"input  {io.name}: {shape} {name_of(io.onnx_type)} (stored {io.dtype})")
     for io in m.outputs:
-        lines.append(f"output {io.name}: {list(io.shape)} {name_of(io.onnx_type)} (stored {io.dtype})")
+        shape = "[" + ", ".join(exprs[io.name]) + "]" if io.name in exprs else list(io.shape)
+        lines.append(f"output {io.name}: {shape} {name_of(io.onnx_type)} (stored {io.dtype})")
     lines.append("buffers:")
     for i, b in enumerate(m.buffers):
         lines.append(f"  #{i} {b.kind:<8} {b.size:>12} B  {b.name}")
     mem = info.get("memory", {})
     lines.append(f"memory plan: arena peak {mem.get('arena_peak', 0)} B vs. {mem.get('intermediates_sum', 0)} B "
                  f"sum of intermediates (largest live set {mem.get('max_live', 0)} B); weights {mem.get('weights', 0)} B")
+    if m.symbols:
+        lines.append("  (planned for the largest sizes: " + ", ".join(f"{n}={hi}" for n, _, hi in m.symbols) +
+                     "; a run at a smaller size uses a prefix of each tensor's place)")
     ds = info.get("dispatches", [])
     lines.append(f"dispatches: {len(ds)}")
     for i, dd in enumerate(ds):

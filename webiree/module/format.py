@@ -17,7 +17,7 @@ MAGIC = b"WIRM"
 VERSION = 1
 
 DTYPES = ["f32", "i32", "u32", "bool"]
-BUFFER_KINDS = ["weights", "input", "arena"]
+BUFFER_KINDS = ["weights", "input", "arena", "params"]
 FORMATS = ["wgsl", "spirv"]
 
 # opcodes of the command stream
@@ -29,6 +29,9 @@ OP_SET_REG = 0x10         # reg, immediate
 OP_LOAD_DIM = 0x11        # reg, input_index, dim
 OP_ARITH = 0x12           # arith_op, dst, a, b (registers)
 ARITH_OPS = ["add", "sub", "mul", "div_floor", "div_ceil", "min", "max"]
+DYNAMIC_RANK = 0x80000000  # IOS: a rank word with this bit is followed by one register word per dim
+STATIC_DIM = 0xFFFFFFFF    # ... where this register word marks a dim that does not vary
+BIND_READ, BIND_WRITE, BIND_READONLY = 0, 1, 2   # EXEC binding kinds (2: read-only storage)
 
 OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
                 OP_LOAD_DIM: 3, OP_ARITH: 4}
@@ -45,7 +48,7 @@ class Executable:
     code: bytes                   # WGSL text (utf-8) or SPIR-V words
     entry: str = "main"
     workgroup_size: tuple = (1, 1, 1)
-    bindings: list = field(default_factory=list)   # [(slot, writes)]
+    bindings: list = field(default_factory=list)   # [(slot, kind)]: BIND_READ | BIND_WRITE | BIND_READONLY
 
 
 @dataclass
@@ -61,10 +64,15 @@ class IOInfo:
     name: str
     dtype: str                    # internal storage type
     onnx_type: int                # ONNX elem type at the boundary (int64 inputs are narrowed to i32)
-    shape: tuple
+    shape: tuple                  # the largest shape (the shape itself where no dim varies)
     buffer: int
     offset: int
-    size: int
+    size: int                     # bytes at the largest shape
+    regs: tuple = ()              # dynamic modules: per dim, the register holding its size (None: fixed)
+
+    @property
+    def dynamic(self) -> bool:
+        return any(r is not None for r in self.regs)
 
 
 @dataclass
@@ -77,6 +85,7 @@ class Module:
     limits: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)       # debug metadata (dispatch names, fused nodes, configs)
     registers: int = 0
+    symbols: list = field(default_factory=list)    # [(name, min, max)]: symbol k is register k
 
 
 # ----------------------------------------------------------------------------
@@ -124,11 +133,15 @@ def write_module(m: Module) -> bytes:
     for group in (m.inputs, m.outputs):
         ios.append(_u32s(len(group)))
         for io in group:
+            rank = len(io.shape) | (DYNAMIC_RANK if io.dynamic else 0)
             ios.append(_u32s(w.s(io.name), DTYPES.index(io.dtype), io.onnx_type, io.buffer, io.offset, io.size,
-                             len(io.shape), *io.shape))
+                             rank, *io.shape))
+            if io.dynamic:
+                ios.append(_u32s(*(STATIC_DIM if r is None else r for r in io.regs)))
     cmds = [_u32s(len(m.commands), m.registers)]
     for c in m.commands:
         cmds.append(_encode_command(c))
+    syms = _u32s(len(m.symbols)) + b"".join(_u32s(w.s(n), lo, hi) for n, lo, hi in m.symbols)
     info = json.dumps(m.info, sort_keys=True, separators=(",", ":")).encode()
     strs = [_u32s(len(w.strings))] + [_blob(s.encode("utf-8")) for s in w.strings]
     body = b"".join([
@@ -138,10 +151,11 @@ def write_module(m: Module) -> bytes:
         _section(b"BUFS", b"".join(bufs)),
         _section(b"IOS ", b"".join(ios)),
         _section(b"CMDS", b"".join(cmds)),
+        *([_section(b"SYMS", syms)] if m.symbols else []),
         _section(b"INFO", _blob(info)),
     ])
     # the reserved header word holds the CRC-32 of everything after the header (0: not recorded)
-    return MAGIC + struct.pack("<HHII", VERSION, 0, 6, zlib.crc32(body) or 1) + body
+    return MAGIC + struct.pack("<HHII", VERSION, 0, 7 if m.symbols else 6, zlib.crc32(body) or 1) + body
 
 
 def _encode_command(c: tuple) -> bytes:
@@ -243,7 +257,7 @@ def _read_sections(data: bytes) -> Module:
         binds = [tuple(r.u32s(2)) for _ in range(nb)]
         code = r.blob()
         execs.append(Executable(s(name), FORMATS[fmt], code, s(entry), (wx, wy, wz),
-                                [(slot, bool(wr)) for slot, wr in binds]))
+                                [(slot, kind) for slot, kind in binds]))
 
     r = _Reader(sections[b"BUFS"], "BUFS")
     bufs = []
@@ -257,7 +271,11 @@ def _read_sections(data: bytes) -> Module:
         items = []
         for _ in range(r.u32()):
             name, dt, ot, buf, off, size, rank = r.u32s(7)
-            items.append(IOInfo(s(name), DTYPES[dt], ot, tuple(r.u32s(rank)), buf, off, size))
+            dynamic = bool(rank & DYNAMIC_RANK)
+            rank &= ~DYNAMIC_RANK
+            shape = tuple(r.u32s(rank))
+            regs = tuple(None if x == STATIC_DIM else x for x in r.u32s(rank)) if dynamic else ()
+            items.append(IOInfo(s(name), DTYPES[dt], ot, shape, buf, off, size, regs))
         groups.append(items)
 
     r = _Reader(sections[b"CMDS"], "CMDS")
@@ -274,10 +292,16 @@ def _read_sections(data: bytes) -> Module:
         else:
             raise ModuleFormatError(f"unknown opcode {op:#x}")
 
+    symbols = []
+    if b"SYMS" in sections:
+        r = _Reader(sections[b"SYMS"], "SYMS")
+        for _ in range(r.u32()):
+            name, lo, hi = r.u32s(3)
+            symbols.append((s(name), lo, hi))
     info = {}
     if b"INFO" in sections:
         info = json.loads(_Reader(sections[b"INFO"], "INFO").blob() or b"{}")
-    return Module(execs, bufs, groups[0], groups[1], cmds, limits, info, n_regs)
+    return Module(execs, bufs, groups[0], groups[1], cmds, limits, info, n_regs, symbols)
 
 
 def validate_module(m: Module) -> None:
@@ -295,6 +319,14 @@ def validate_module(m: Module) -> None:
     for e in m.executables:
         slots = [slot for slot, _ in e.bindings]
         check(len(set(slots)) == len(slots), f"executable {e.name!r} repeats a binding slot")
+        check(all(k in (BIND_READ, BIND_WRITE, BIND_READONLY) for _, k in e.bindings),
+              f"executable {e.name!r} has an unknown binding kind")
+    nsym = len(m.symbols)
+    check(m.registers >= nsym, "fewer registers than symbols (symbol k is register k)")
+    for name, lo, hi in m.symbols:
+        check(lo <= hi, f"symbol {name!r} has an empty range {lo}..{hi}")
+    for b in m.buffers:
+        check(b.kind != "params" or b.size >= 4 * nsym, "the params buffer is smaller than its symbols")
     for group, ios in (("input", m.inputs), ("output", m.outputs)):
         for io in ios:
             n = 1
@@ -302,6 +334,10 @@ def validate_module(m: Module) -> None:
                 n *= d
             check(io.buffer < nb, f"{group} {io.name!r} names buffer {io.buffer} of {nb}")
             check(io.size == 4 * n, f"{group} {io.name!r} has {io.size} bytes for shape {tuple(io.shape)}")
+            check(not io.regs or len(io.regs) == len(io.shape), f"{group} {io.name!r} has a register per dim")
+            check(all(r is None or r < m.registers for r in io.regs), f"{group} {io.name!r} names a missing register")
+            if group == "input":
+                check(all(r is None or r < nsym for r in io.regs), f"input {io.name!r}: a varying dim is not a symbol")
             check(io.offset + io.size <= m.buffers[io.buffer].size,
                   f"{group} {io.name!r} runs past the end of its buffer")
     for c in m.commands:
@@ -329,3 +365,44 @@ def validate_module(m: Module) -> None:
         elif op == OP_LOAD_DIM:
             check(c[1] < max(m.registers, 1) and c[2] < len(m.inputs) and c[3] < len(m.inputs[c[2]].shape),
                   "LOAD_DIM names a missing input dim or register")
+
+
+def eval_registers(m: Module, dims: dict) -> list[int]:
+    """The register file of one run of a dynamic module: `dims` is {input index: fed shape}.
+    Registers are assigned once per run (LOAD_DIM, SET_REG, ARITH in command order), so every
+    runtime evaluates them all before the first dispatch. The caller has checked the feeds
+    (check_dims)."""
+    regs = [0] * max(m.registers, 1)
+    for c in m.commands:
+        op = c[0]
+        if op == OP_SET_REG:
+            regs[c[1]] = c[2]
+        elif op == OP_LOAD_DIM:
+            regs[c[1]] = int(dims[c[2]][c[3]])
+        elif op == OP_ARITH:
+            _, aop, dst, a, b = c
+            regs[dst] = arith(ARITH_OPS[aop], regs[a], regs[b])
+    return regs
+
+
+def arith(op: str, a: int, b: int) -> int:
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "div_floor":
+        return a // b if b else 0
+    if op == "div_ceil":
+        return -(-a // b) if b else 0
+    if op == "min":
+        return min(a, b)
+    return max(a, b)
+
+
+def shape_of(io: IOInfo, regs) -> tuple:
+    """An input's or output's shape in one run (its fixed shape in a static module)."""
+    if not io.regs:
+        return tuple(io.shape)
+    return tuple(d if r is None else regs[r] for d, r in zip(io.shape, io.regs))

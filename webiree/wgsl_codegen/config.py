@@ -12,7 +12,10 @@ workgroups per dimension).
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..errors import CompilerBug
+from ..ir.sym import Dim, upper
 from ..ir import program as P
 from .kernels import check
 from .kernels.common import ConvTile, KernelConfig, MatmulTile, RowBlockTile
@@ -170,8 +173,33 @@ TABLE = {
 }
 
 
+def _planned_size(d):
+    """A symbolic size as the planner sees it: its largest value, odd unless the symbols make it
+    a multiple of 4 (so a vec4 kernel is chosen only where every size in the range allows it)."""
+    if not isinstance(d, Dim):
+        return d
+    v = upper(d)
+    if isinstance(d % 4, Dim) or d % 4:
+        v = max(v | 1, 1)
+    return v
+
+
+def planning_view(op: P.Op) -> P.Op:
+    """The op with its symbolic sizes replaced for planning (the op itself when it has none).
+    Kernels are planned for the largest size in the declared ranges."""
+    changes = {}
+    for f in dataclasses.fields(op):
+        v = getattr(op, f.name)
+        if isinstance(v, Dim):
+            changes[f.name] = _planned_size(v)
+        elif isinstance(v, tuple) and any(isinstance(x, Dim) for x in v):
+            changes[f.name] = tuple(_planned_size(x) for x in v)
+    return dataclasses.replace(op, **changes) if changes else op
+
+
 def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
     device_class = "cpu" if limits.get("device_class") == "cpu" else "gpu"
+    op = planning_view(op)
     for strategy in TABLE[type(op)][device_class]:
         if check(strategy, op, limits) is None:
             cfg = PLANNERS[strategy](op, limits)

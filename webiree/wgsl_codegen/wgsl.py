@@ -208,7 +208,8 @@ def render(kernel: kir.Kernel) -> str:
     r.stmts(kernel.body, 1)
     head = [f"// webiree kernel {kernel.name}"]
     for b in kernel.bindings:
-        head.append(f"@group(0) @binding({b.slot}) var<storage, read_write> {b.name}: array<{TYPE[b.dtype]}>;")
+        access = "read" if b.readonly else "read_write"
+        head.append(f"@group(0) @binding({b.slot}) var<storage, {access}> {b.name}: array<{TYPE[b.dtype]}>;")
     for s in kernel.shared:
         head.append(f"var<workgroup> {s.name}: array<{TYPE[s.dtype]}, {s.size}>;")
     if r.uses_wi_f32:

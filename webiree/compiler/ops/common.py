@@ -9,6 +9,7 @@ import numpy as np
 
 from ...dtypes import BY_ONNX, ONNX_OF_STORAGE
 from ...errors import ShapeError
+from ...ir.sym import is_dim
 from .registry import Unsupported
 
 
@@ -38,7 +39,7 @@ def const_ints(ctx, node, index: int, attr: str | None = None, default=None):
         v = ctx.const(name)
         if v is None:
             raise Unsupported(f"input {index} ({name}) must be a compile-time constant")
-        return [int(x) for x in np.asarray(v).reshape(-1)]
+        return [x if is_dim(x) else int(x) for x in np.asarray(v).reshape(-1)]
     if attr is not None and attr in node.attrs:
         v = node.attrs[attr]
         return [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]

@@ -51,8 +51,8 @@ def emit_matmul(ctx, node, a, b, out, trans_a=False, trans_b=False, alpha=1.0):
                 trans_a=trans_a, trans_b=trans_b, alpha=alpha)
     if not b_batch and a_batch and not va and not trans_a:
         # [..., M, K] @ [K, N]: one big matrix product with M' = prod(batch) * M
-        op.m, op.batch, op.a_batch = int(np.prod(a_batch)) * m, (), ()
-    ctx.anchor(op, [int(np.prod(batch)) * m, n] if not op.batch else out_shape)
+        op.m, op.batch, op.a_batch = numel(a_batch) * m, (), ()
+    ctx.anchor(op, [numel(batch) * m, n] if not op.batch else out_shape)
     ctx.view(out, op.out, final)
 
 

@@ -53,7 +53,7 @@ def conv(ctx, node):
             ctx.set_const(w2, wc.reshape(ws[0], ws[1]))
         else:
             ctx.view(w2, w, (ws[0], ws[1]))
-        P = int(np.prod(out_sp))
+        P = numel(out_sp)
         op = MatMul(name=node.name, out=out, nodes=[node.name], a=ctx.buffer(w2), b=ctx.buffer(x),
                     batch=(xs[0],), a_batch=(), b_batch=(xs[0],), m=ws[0], n=P, k=ws[1])
         ctx.anchor(op, out_shape)

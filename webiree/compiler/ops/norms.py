@@ -125,7 +125,7 @@ def emit_layer_norm(ctx, x, scale, bias, axis, eps, out, mean_out="", inv_out=""
     s = ctx.shape(x)
     outer, r, _ = split3(s, axis, len(s))
     rs = s[axis:]
-    if int(np.prod(ctx.shape(scale))) != r or (bias and int(np.prod(ctx.shape(bias))) != r):
+    if numel(ctx.shape(scale)) != r or (bias and numel(ctx.shape(bias)) != r):
         scale_b = ctx.temp("scale")
         ctx.generic(scale_b, rs, "f32", lambda cs: ctx.read_bcast(scale, rs, cs))
         scale = scale_b

@@ -110,7 +110,7 @@ def global_pool(ctx, node):
         mode = "l1" if p == 1.0 else "l2"
     out_shape = list(xs[:2]) + [1] * (len(xs) - 2)
     op = Reduce(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x), mode=mode,
-                outer=xs[0] * xs[1], r=int(np.prod(xs[2:])), inner=1)
+                outer=xs[0] * xs[1], r=numel(xs[2:]), inner=1)
     ctx.anchor(op, out_shape)
 
 

@@ -9,6 +9,8 @@ back to integers. DynamicQuantizeLinear lowers through its ONNX function.
 
 from __future__ import annotations
 
+from ...ir.program import numel
+
 import itertools
 
 import numpy as np
@@ -28,7 +30,7 @@ _ids = itertools.count()
 def _param_coords(ctx, name, x_shape, axis, block, cs):
     """Coordinates into a scale / zero point that is a scalar, per `axis`, or blocked along `axis`."""
     ps = list(ctx.shape(name))
-    if len(ps) == 0 or int(np.prod(ps)) == 1 and len(ps) <= 1:
+    if len(ps) == 0 or numel(ps) == 1 and len(ps) <= 1:
         return [kir.i32(0)] * len(ps)
     if block:
         return [c // block if i == axis else c for i, c in enumerate(cs)]
@@ -96,7 +98,7 @@ def _centered(ctx, x, zp, axis_of_zp):
         v = kir.cast(ctx.read(x, cs), "f32")
         if zp:
             zs = ctx.shape(zp)
-            c = [kir.i32(0)] * len(zs) if int(np.prod(zs)) == 1 else [cs[axis_of_zp % len(s)]]
+            c = [kir.i32(0)] * len(zs) if numel(zs) == 1 else [cs[axis_of_zp % len(s)]]
             v = v - kir.cast(ctx.read(zp, c), "f32")
         return v
     ctx.generic(out, s, "f32", rule)
@@ -152,7 +154,7 @@ def qlinear_matmul(ctx, node):
     if to not in QRANGE:
         raise Unsupported(f"QLinearMatMul to ONNX type {to}")
     for sc in (a_s, b_s, y_s):
-        if int(np.prod(ctx.shape(sc))) != 1:
+        if numel(ctx.shape(sc)) != 1:
             raise Unsupported("QLinearMatMul with per-axis scales")
     a2 = _centered(ctx, a, a_zp, -2)
     b2 = _centered(ctx, b, b_zp, -1)
@@ -191,7 +193,7 @@ def requantize(ctx, node):
         acc = biased
 
     def scale(cs):
-        bs = ctx.read_flat(b_s, cs[ch] if ch is not None and int(np.prod(ctx.shape(b_s))) > 1 else kir.i32(0))
+        bs = ctx.read_flat(b_s, cs[ch] if ch is not None and numel(ctx.shape(b_s)) > 1 else kir.i32(0))
         return ctx.read_flat(a_s, kir.i32(0)) * bs / ctx.read_flat(y_s, kir.i32(0))
     _requantize(ctx, acc, scale, y_zp, node.attrs["to"], node.outputs[0])
 

@@ -23,7 +23,7 @@ from .loops import emit_loop
 
 def split3(shape, first: int, last: int):
     """outer, R, inner of `shape` with axes [first, last) reduced."""
-    return int(np.prod(shape[:first])), int(np.prod(shape[first:last])), int(np.prod(shape[last:]))
+    return numel(shape[:first]), numel(shape[first:last]), numel(shape[last:])
 
 
 @register("Softmax", "LogSoftmax")

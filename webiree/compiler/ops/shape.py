@@ -8,12 +8,17 @@ index can never read outside a buffer.
 
 from __future__ import annotations
 
+from ...ir.program import numel
+
 import numpy as np
 
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import select
 from .registry import Unsupported, register
+from ..symbolic import as_value
+from ..graph import internal_of_numpy
+from ...ir.sym import ceildiv, dmax, is_dim
 from .common import broadcast_shapes, const_ints, norm_axis, required_ints
 
 
@@ -34,8 +39,8 @@ def reshape(ctx, node):
     if out.count(-1) > 1:
         raise ShapeError(f"Reshape target {shape} has more than one -1")
     if -1 in out:
-        known = int(np.prod([d for d in out if d != -1]))
-        total = int(np.prod(src))
+        known = numel([d for d in out if d != -1])
+        total = numel(src)
         if known == 0 or total % known:
             raise ShapeError(f"cannot reshape {tuple(src)} to {shape}")
         out[out.index(-1)] = total // known
@@ -50,7 +55,7 @@ def flatten(ctx, node):
     axis = axis + len(s) if axis < 0 else axis
     if not 0 <= axis <= len(s):
         raise ShapeError(f"Flatten axis {node.attr('axis')} is out of range for rank {len(s)}")
-    ctx.view(node.outputs[0], x, (int(np.prod(s[:axis])), int(np.prod(s[axis:]))))
+    ctx.view(node.outputs[0], x, (numel(s[:axis]), numel(s[axis:])))
 
 
 @register("Squeeze")
@@ -91,12 +96,12 @@ def shape_op(ctx, node):
     end = node.attr("end", r)
     start = min(max(start + r if start < 0 else start, 0), r)
     end = min(max(end + r if end < 0 else end, 0), r)
-    ctx.set_const(node.outputs[0], np.array(s[start:end], dtype=np.int64))
+    ctx.set_const(node.outputs[0], as_value(list(s[start:end]), np.int64))
 
 
 @register("Size")
 def size_op(ctx, node):
-    ctx.set_const(node.outputs[0], np.array(int(np.prod(ctx.shape(node.inputs[0]))), dtype=np.int64))
+    ctx.set_const(node.outputs[0], as_value(numel(ctx.shape(node.inputs[0])), np.int64))
 
 
 @register("Transpose")
@@ -122,7 +127,7 @@ def transpose(ctx, node):
 
 @register("Concat")
 def concat(ctx, node):
-    names = [i for i in node.inputs if i and int(np.prod(ctx.shape(i))) > 0] or [node.inputs[0]]
+    names = [i for i in node.inputs if i and numel(ctx.shape(i)) > 0] or [node.inputs[0]]
     s0 = ctx.shape(names[0])
     axis = norm_axis(node.attr("axis"), len(s0))
     for n in names:
@@ -353,3 +358,53 @@ def gather_nd(ctx, node):
             coords.append(kir.clamp(select(i < 0, i + n, i), 0, max(n - 1, 0)))
         return ctx.read(data, coords + cs[len(js) - 1:])
     ctx.generic(node.outputs[0], out_shape, ctx.dtype(data), rule)
+
+
+# --- generators whose size is a shape value (constant inputs fold before reaching these) -----
+
+def _scalar_input(ctx, node, i, what):
+    c = ctx.const(node.input(i))
+    if c is None:
+        raise Unsupported(f"{node.op}'s {what} is computed from data at run time; its output size would "
+                          "depend on data (only sizes computed from the input shapes are supported)")
+    v = np.asarray(c).reshape(-1)
+    if v.size != 1:
+        raise ShapeError(f"{node.op}'s {what} must be a scalar, got {v.size} values")
+    return v[0]
+
+
+@register("Range")
+def range_op(ctx, node):
+    """Range with a size computed from symbolic dims (e.g. position ids 0..seq-1)."""
+    start, limit, delta = (_scalar_input(ctx, node, i, w) for i, w in enumerate(("start", "limit", "delta")))
+    if any(isinstance(v, float) or (hasattr(v, "dtype") and v.dtype.kind == "f") for v in (start, limit, delta)):
+        raise Unsupported("Range over floats with a symbolic size")
+    if is_dim(delta) or int(delta) == 0:
+        raise Unsupported("Range needs a fixed, non-zero delta")
+    delta = int(delta)
+    start = start if is_dim(start) else int(start)
+    limit = limit if is_dim(limit) else int(limit)
+    n = ceildiv(limit - start, delta) if delta > 0 else ceildiv(start - limit, -delta)
+    n = dmax(n, 0)
+    dt = ctx.dtype(node.inputs[0])
+    ctx.generic(node.outputs[0], [n], dt, lambda cs: kir.cast(kir.as_expr(start, "i32") + cs[0] * delta, dt)
+                if dt != "i32" else kir.as_expr(start, "i32") + cs[0] * delta)
+
+
+@register("ConstantOfShape")
+def constant_of_shape(ctx, node):
+    """ConstantOfShape whose shape is computed from symbolic dims (a fixed shape folds)."""
+    shape = required_ints(ctx, node, 0, "ConstantOfShape's shape must be computed from the input shapes")
+    value = node.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    from ..lowering import to_internal_array
+    v = to_internal_array(value, node.outputs[0])
+    dt = internal_of_numpy(v.dtype)
+    ctx.onnx_types[node.outputs[0]] = onnx_type_of_numpy(value.dtype)
+    c = kir.const(bool(v[0]) if dt == "bool" else float(v[0]) if dt == "f32" else int(v[0]), dt)
+    ctx.generic(node.outputs[0], shape, dt, lambda cs: c)
+
+
+def onnx_type_of_numpy(dt) -> int:
+    from onnx import helper
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dt))

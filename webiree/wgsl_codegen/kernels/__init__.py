@@ -54,6 +54,7 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     builder = BUILDERS[type(op)]
     b = Binder(prog, getattr(op, "prologues", None))
     body, shared, grid = builder(op, prog, cfg, limits, b)
+    body = b.bind_dims(body)
     kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
     if len(kernel.bindings) > limits["max_storage_buffers_per_shader_stage"]:
         raise LimitsError(f"dispatch {op.name} needs {len(kernel.bindings)} storage buffers, above the limit of "

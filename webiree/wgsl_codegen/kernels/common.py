@@ -16,6 +16,7 @@ from ...ir.program import O
 from ...ir import kir
 from ...ir.kir import For, If, Let, f32, i32, lvar
 from ...errors import LimitsError
+from ...ir.sym import DIMS_BUFFER, Dim, ceildiv, dmin, upper
 
 
 class Strategy(str, enum.Enum):
@@ -142,16 +143,40 @@ class Binder:
         out = self.prog.root(out)
         if not any(t == out for t, _ in self.slots):
             self.name(out)
-        return [kir.Binding(i, f"b{i}", "vec4f" if vec else self.prog.tensors[t].dtype, writes=(t == out))
+        return [kir.Binding(i, f"b{i}", "vec4f" if vec else self.prog.tensors[t].dtype, writes=(t == out),
+                            readonly=self.prog.tensors[t].kind == "params")
                 for i, (t, vec) in enumerate(self.slots)]
+
+    def bind_dims(self, body: list) -> list:
+        """`body` with the symbolic sizes' loads of the dims buffer (ir/sym.py) bound to a slot."""
+        found = []
+
+        def fn(node):
+            if node.op == "load" and node.attr == DIMS_BUFFER:
+                found.append(node)
+                return kir.load(self.name(DIMS_BUFFER), node.args[0], node.dtype)
+            return None
+        cache: dict = {}
+        out = kir.map_exprs(body, lambda e: kir.substitute(e, {"__fn__": fn}, cache))
+        return out if found else body
 
     @property
     def tensors(self) -> list[str]:
         return [t for t, _ in self.slots]
 
 
-def grid_for(n_groups: int, limits: dict) -> tuple[int, int, int]:
+def grid_for(n_groups, limits: dict) -> tuple:
+    """(x, y, 1) workgroups covering n_groups (folded over y above the per-dimension cap); for a
+    symbolic count the same folding as size expressions (the module computes them per run)."""
     cap = limits["max_compute_workgroups_per_dimension"]
+    if isinstance(n_groups, Dim):
+        if upper(n_groups) <= cap:
+            return (n_groups, 1, 1)
+        if upper(ceildiv(n_groups, cap)) > cap:
+            raise LimitsError(f"up to {upper(n_groups)} workgroups exceed {cap}x{cap}",
+                              hint="declare a smaller range for the input's symbolic dims")
+        gx = dmin(n_groups, cap)
+        return (gx, ceildiv(n_groups, gx), 1)
     n_groups = max(n_groups, 1)
     gx = min(n_groups, cap)
     gy = -(-n_groups // gx)

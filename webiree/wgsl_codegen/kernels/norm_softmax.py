@@ -86,13 +86,13 @@ def build_layernorm(op: P.LayerNorm, prog, cfg, limits, b: Binder):
     work = rows.setup() + [Decl("s", "f32", f32(0.0))]
     work.append(rows.loop("r", [Assign("s", lvar("s", "f32") + elem)]))
     work += rows.combine("rsum", lambda a, c: a + c, lvar("s", "f32"))
-    work += [Let("mean", lvar("rsum", "f32") / float(op.r))]
+    work += [Let("mean", lvar("rsum", "f32") / kir.size_f32(op.r))]
     mean = lvar("mean", "f32")
     work += [Decl("v", "f32", f32(0.0))]
     d = elem - mean
     work.append(rows.loop("r", [Assign("v", lvar("v", "f32") + d * d)]))
     work += rows.combine("rvar", lambda a, c: a + c, lvar("v", "f32"))
-    work += [Let("inv", kir.unary("rsqrt", lvar("rvar", "f32") / float(op.r) + op.eps))]
+    work += [Let("inv", kir.unary("rsqrt", lvar("rvar", "f32") / kir.size_f32(op.r) + op.eps))]
     val = (elem - mean) * lvar("inv", "f32") * b.load(op.scale, rv)
     if op.bias:
         val = val + b.load(op.bias, rv)

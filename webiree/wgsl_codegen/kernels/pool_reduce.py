@@ -169,7 +169,7 @@ def build_reduce(op: P.Reduce, prog, cfg, limits, b: Binder):
     work += tree("red", wg, combine, lvar("acc", dt), dt)
     res = kir.sload("red", i32(0), dt)
     if mode == "mean":
-        res = res / float(op.r) if dt == "f32" else res / op.r
+        res = res / kir.size_f32(op.r) if dt == "f32" else res / op.r
     elif mode == "l2":
         res = kir.unary("sqrt", res)
     elif mode == "logsum":
