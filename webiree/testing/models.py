@@ -157,3 +157,56 @@ def tiny_attention(seed: int = 0, seq: int = 8, vocab: int = 32, d: int = 16, he
     return make_model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], inits,
                       name="tiny_attention")
+
+
+def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4,
+                        max_positions: int = 512, attn: str = "sdpa") -> list[str]:
+    """A BERT encoder from `transformers` (seeded random weights from a config, no hub access)
+    exported to ONNX with symbolic `batch` and `sequence` axes on every input (TorchScript
+    exporter, opset 17), as a user exports one. Needs torch and transformers (the models extra).
+    Returns the input names (input_ids, attention_mask, token_type_ids)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, max_position_embeddings=max_positions, type_vocab_size=2,
+                     attn_implementation=attn)
+    model = BertModel(cfg).eval()
+    with torch.no_grad():       # non-trivial norms and biases (transformers initialises them to 1 / 0)
+        g = torch.Generator().manual_seed(seed + 1)
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("bias") or "LayerNorm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+
+    class TupleOut(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args):
+            out = self.m(**dict(zip(names, args, strict=True)))
+            return out["last_hidden_state"], out["pooler_output"]
+
+    example = tuple(torch.ones((2, 16), dtype=torch.int64) for _ in names)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(TupleOut(model), example, str(path), input_names=names,
+                          output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
+                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
+    return names
+
+
+def bert_feeds(batch: int, seq: int, seed: int = 0) -> dict:
+    """Token ids, an attention mask with the last third of the second sequence padded, and
+    token types (second half 1) for export_bert_dynamic's model."""
+    rng = np.random.default_rng(seed + seq)
+    ids = rng.integers(0, 100, (batch, seq)).astype(np.int64)
+    mask = np.ones((batch, seq), np.int64)
+    if batch > 1 and seq > 2:
+        mask[1, seq - seq // 3:] = 0
+    types = np.zeros((batch, seq), np.int64)
+    types[:, seq // 2:] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
