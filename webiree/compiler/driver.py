@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CompilerBug, LimitsError, WebireeError
+from ..errors import CompilerBug, LimitsError, UnsupportedOpError, WebireeError
 from ..module import format as F
 from ..target import Target
 from ..wgsl_codegen import config as C
@@ -33,7 +33,7 @@ from . import memory, passes
 from .importer import import_model
 from .lowering import lower
 from .registers import Registers
-from ..ir.sym import Dim, is_static, upper, upper_shape
+from ..ir.sym import Dim, SymbolicDimError, is_static, upper, upper_shape
 
 STAGES = ("import", "lower", "fuse", "memory", "kernels")
 
@@ -81,6 +81,14 @@ def shared_bytes(kernel) -> int:
         lanes = 4 if str(getattr(a, "dtype", "")).startswith("vec4") else 1
         total += 4 * lanes * int(a.size)
     return total
+
+
+def _build_kernel(op, prog, lim):
+    try:
+        return K.build(op, prog, C.choose(op, prog, lim), lim)
+    except SymbolicDimError as e:
+        raise UnsupportedOpError(f"dispatch {op.name} (nodes {op.nodes[:4]}) cannot take a symbolic size yet: {e}",
+                                 hint="pin the dim it depends on (--input-shape, or --dim NAME=N)") from e
 
 
 def _file_name(i: int, name: str) -> str:
@@ -153,7 +161,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
             f"  {n:<40} buffer {p.buffer} offset {p.offset} size {p.size}" for n, p in plan.placement.items())
 
     stage[0] = "kernels"
-    dispatches = [K.build(op, prog, C.choose(op, prog, lim), lim) for op in prog.ops]
+    dispatches = [_build_kernel(op, prog, lim) for op in prog.ops]
     check_dispatch_limits(dispatches, lim)
     sources: dict[str, int] = {}
     executables, shaders, exec_of, spv = [], [], [], []
@@ -237,6 +245,8 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
     commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
     symbols = []
     if regs is not None:
+        for a, b, what in prog.constraints:     # sizes the graph needs equal, where no bound proves it
+            regs.commands.append((F.OP_ASSERT_EQ, regs.of(a), regs.of(b), what))
         commands = regs.commands + commands     # registers first: assigned once per run
         symbols = [(s.name, s.lo, s.hi) for s in prog.symbols]
     info = {

@@ -289,7 +289,8 @@ def folded_shapes(node: Node, values: list, opset: int) -> list:
 
 def check_fold_size(node: Node, values: list, opset: int, known: dict) -> None:
     """Refuse (before allocating it) a constant node whose value would be enormous."""
-    shapes = [known[o].shape if o in known else None for o in node.outputs if o]
+    shapes = [known[o].shape if o in known and all(isinstance(d, int) for d in known[o].shape) else None
+              for o in node.outputs if o]
     if any(s is None for s in shapes):
         shapes = [a if a is not None else b for a, b in
                   zip(shapes, folded_shapes(node, values, opset) or [None] * len(shapes))]
@@ -327,6 +328,16 @@ def lower(graph: Graph) -> Program:
     from . import ops as registry
 
     ctx = Lowering(graph)
+    constraints, token = symbolic.collect_constraints()
+    try:
+        prog = _lower(ctx, graph, registry)
+    finally:
+        symbolic.end_constraints(token)
+    prog.constraints = constraints
+    return prog
+
+
+def _lower(ctx, graph, registry) -> Program:
     unsupported: list[tuple[str, str, str]] = [
         (name, "graph input", f"element type {type_name} (use float32, int32, int64 or bool)")
         for name, type_name in ctx.bad_inputs]

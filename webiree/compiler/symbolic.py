@@ -16,6 +16,8 @@ whose kernel computes the value at run time.
 
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 
 from ..ir import kir
@@ -71,6 +73,41 @@ def read_value(c: SymArray, flat: kir.Expr, dtype: str) -> kir.Expr:
     for k in range(len(elems) - 2, -1, -1):
         value = kir.select(kir.binary("eq", flat, kir.i32(k)), elems[k], value)
     return value
+
+
+# --- sizes that must be equal for the graph to make sense ---------------------------------
+
+_CONSTRAINTS: contextvars.ContextVar = contextvars.ContextVar("webiree_size_constraints", default=None)
+
+
+def collect_constraints():
+    """Start collecting the run-time size checks of one lowering (returns the list and the token
+    to reset with)."""
+    found: list = []
+    return found, _CONSTRAINTS.set(found)
+
+
+def end_constraints(token) -> None:
+    _CONSTRAINTS.reset(token)
+
+
+def assume_equal(a, b, what: str):
+    """a, where a and b must be equal sizes: decided by the bounds where they can be, else checked at
+    run time (the module asserts it before any dispatch, naming `what`). Two different ints, or sizes
+    the ranges keep apart, are a SymbolicDimError."""
+    if a == b:
+        return a
+    if not isinstance(a, Dim) and not isinstance(b, Dim):
+        raise SymbolicDimError(f"{what}: {a} != {b}")
+    lo, hi = bounds(a - b)
+    if lo > 0 or hi < 0:
+        raise SymbolicDimError(f"{what}: {a} and {b} differ for every size in the declared ranges")
+    found = _CONSTRAINTS.get()
+    if found is None:
+        raise SymbolicDimError(f"{what}: cannot tell whether {a} == {b}")
+    if (a, b, what) not in found:
+        found.append((a, b, what))
+    return a if not isinstance(a, Dim) else b if not isinstance(b, Dim) else a
 
 
 def _ints(v) -> list:

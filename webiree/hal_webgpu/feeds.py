@@ -51,7 +51,7 @@ def bind_dims(module, shapes: dict) -> list:
     """The register file of one run: every symbol's value taken from the fed shapes (name ->
     shape), each checked against its declared range and against its other occurrences. A static
     module needs no shapes (those given are checked)."""
-    from ..module.format import eval_registers
+    from ..module.format import eval_registers, failed_asserts
     if not module.symbols:
         for io in module.inputs:
             if io.name in shapes:
@@ -81,7 +81,14 @@ def bind_dims(module, shapes: dict) -> list:
                                 f"{other_io!r} (dim {other_axis})", hint=f"every occurrence of {name} must be equal")
             values[r] = (d, io.name, axis)
         dims[i] = shape
-    return eval_registers(module, dims)
+    regs = eval_registers(module, dims)
+    broken = failed_asserts(module, regs)
+    if broken:
+        sizes = ", ".join(f"{module.symbols[r][0]}={v[0]}" for r, v in sorted(values.items()))
+        raise FeedError(f"the model cannot take these sizes ({sizes}): {broken[0]}",
+                        hint="the graph needs these sizes to agree (e.g. an image side that is a multiple of "
+                             "the network's stride); feed sizes that do")
+    return regs
 
 
 def _as_array(data, code: str) -> array.array:

@@ -261,6 +261,7 @@ class Program:
     output_names: list[str] = field(default_factory=list)   # the ONNX names of those outputs
     io_types: dict = field(default_factory=dict)    # tensor -> ONNX elem_type at the boundary
     symbols: list = field(default_factory=list)     # ir/sym.Symbol by dims-buffer index (dynamic builds)
+    constraints: list = field(default_factory=list)  # (size, size, what): equal in every run (checked then)
 
     def root(self, name: str) -> str:
         t = self.tensors[name]

@@ -63,8 +63,9 @@ class _Atom:
         return (1, self.kind, _key(self.a), _key(self.b))
 
     def __str__(self):
+        a = f"({self.a})" if isinstance(self.a, Dim) and len(self.a.terms) > 1 else str(self.a)
         if self.kind == "floordiv":
-            return f"({self.a} // {self.b})"
+            return f"{a} // {self.b}"
         if self.kind == "ceildiv":
             return f"ceil({self.a} / {self.b})"
         return f"{self.kind}({self.a}, {self.b})"
@@ -151,9 +152,9 @@ class Dim:
 
     def __str__(self):
         parts = []
-        for m, c in self.terms:
+        for m, c in sorted(self.terms, key=lambda mc: not mc[0]):     # the constant last
             body = "*".join(str(a) for a in m)
-            parts.append(str(c) if not m else body if c == 1 else f"{c}*{body}")
+            parts.append(str(c) if not m else body if c == 1 else f"-{body}" if c == -1 else f"{c}*{body}")
         return " + ".join(parts).replace("+ -", "- ")
 
     # --- arithmetic (ints and Dims) ---------------------------------------------------
@@ -446,6 +447,15 @@ def _atom_kir(atom):
             return q
         return a / b if atom.kind == "floordiv" else (a + b - 1) / b
     return kir.minimum(a, b) if atom.kind == "min" else kir.maximum(a, b)
+
+
+def provably(test) -> bool:
+    """test() where the bounds decide it, False where they cannot (a kernel builder's safe
+    default: `provably(lambda: last_window_end <= size)` skips a bounds check only when sure)."""
+    try:
+        return bool(test())
+    except SymbolicDimError:
+        return False
 
 
 def fmt(shape) -> str:

@@ -28,13 +28,14 @@ OP_DISPATCH_DYN = 0x06    # exec, rx, ry, rz (registers), nbind, bindings as in 
 OP_SET_REG = 0x10         # reg, immediate
 OP_LOAD_DIM = 0x11        # reg, input_index, dim
 OP_ARITH = 0x12           # arith_op, dst, a, b (registers)
+OP_ASSERT_EQ = 0x13       # a, b (registers), message (string): the feed is refused unless r[a] == r[b]
 ARITH_OPS = ["add", "sub", "mul", "div_floor", "div_ceil", "min", "max"]
 DYNAMIC_RANK = 0x80000000  # IOS: a rank word with this bit is followed by one register word per dim
 STATIC_DIM = 0xFFFFFFFF    # ... where this register word marks a dim that does not vary
 BIND_READ, BIND_WRITE, BIND_READONLY = 0, 1, 2   # EXEC binding kinds (2: read-only storage)
 
 OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
-                OP_LOAD_DIM: 3, OP_ARITH: 4}
+                OP_LOAD_DIM: 3, OP_ARITH: 4, OP_ASSERT_EQ: 3}
 
 
 class ModuleFormatError(ValueError):
@@ -140,6 +141,8 @@ def write_module(m: Module) -> bytes:
                 ios.append(_u32s(*(STATIC_DIM if r is None else r for r in io.regs)))
     cmds = [_u32s(len(m.commands), m.registers)]
     for c in m.commands:
+        if c[0] == OP_ASSERT_EQ:
+            c = (c[0], c[1], c[2], w.s(c[3]))
         cmds.append(_encode_command(c))
     syms = _u32s(len(m.symbols)) + b"".join(_u32s(w.s(n), lo, hi) for n, lo, hi in m.symbols)
     info = json.dumps(m.info, sort_keys=True, separators=(",", ":")).encode()
@@ -287,6 +290,9 @@ def _read_sections(data: bytes) -> Module:
             ex, gx, gy, gz, nb = r.u32s(5)
             binds = [tuple(r.u32s(4)) for _ in range(nb)]
             cmds.append((op, ex, gx, gy, gz, binds))
+        elif op == OP_ASSERT_EQ:
+            a, b, msg = r.u32s(3)
+            cmds.append((op, a, b, s(msg)))
         elif op in OPCODE_ARITY:
             cmds.append((op, *r.u32s(OPCODE_ARITY[op])))
         else:
@@ -357,6 +363,8 @@ def validate_module(m: Module) -> None:
             check(c[1] < len(m.inputs), "UPLOAD_INPUT names a missing input")
         elif op == OP_READBACK:
             check(c[1] < len(m.outputs), "READBACK names a missing output")
+        elif op == OP_ASSERT_EQ:
+            check(c[1] < max(m.registers, 1) and c[2] < max(m.registers, 1), "ASSERT_EQ names a missing register")
         elif op in (OP_SET_REG, OP_ARITH):
             check(all(r < max(m.registers, 1) for r in (c[1:2] if op == OP_SET_REG else c[2:])),
                   "a register index is out of range")
@@ -383,6 +391,12 @@ def eval_registers(m: Module, dims: dict) -> list[int]:
             _, aop, dst, a, b = c
             regs[dst] = arith(ARITH_OPS[aop], regs[a], regs[b])
     return regs
+
+
+def failed_asserts(m: Module, regs) -> list[str]:
+    """The messages of the ASSERT_EQ commands this run's registers break."""
+    return [f"{c[3]}: {regs[c[1]]} != {regs[c[2]]}" for c in m.commands
+            if c[0] == OP_ASSERT_EQ and regs[c[1]] != regs[c[2]]]
 
 
 def arith(op: str, a: int, b: int) -> int:

@@ -55,9 +55,10 @@ def mlp(seed: int = 0, batch: int = 4, sizes=(64, 128, 10)) -> onnx.ModelProto:
                       inits, name="mlp")
 
 
-def small_cnn(seed: int = 0, size: int = 32, classes: int = 10) -> onnx.ModelProto:
+def small_cnn(seed: int = 0, size: int | None = 32, classes: int = 10) -> onnx.ModelProto:
     """conv+bias+relu, depthwise stride-2 conv + Clip (ReLU6), 1x1 conv + Sigmoid, residual Add,
-    MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Softmax."""
+    MaxPool, AveragePool, GlobalAveragePool, Flatten, Gemm, Softmax. size None: the image's height
+    and width are the symbolic dims `height` and `width`."""
     rng = np.random.default_rng(seed)
     c1, c2 = 16, 32
     nodes = [
@@ -87,9 +88,54 @@ def small_cnn(seed: int = 0, size: int = 32, classes: int = 10) -> onnx.ModelPro
         "w_c3": _w(rng, c2, c2, 3, 3), "b_c3": _w(rng, c2, scale=0.1),
         "w_fc": _w(rng, classes, c2), "b_fc": _w(rng, classes, scale=0.1),
     }
-    return make_model(nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+    hw = ["height", "width"] if size is None else [size, size]
+    return make_model(nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, *hw])],
                       [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, classes])], inits,
                       name="small_cnn")
+
+
+def small_detector(seed: int = 0, classes: int = 4) -> onnx.ModelProto:
+    """A detector-style model over an image of symbolic `height` x `width`: a stride-2 backbone to
+    1/8, a 2x nearest upsample (Resize) concatenated with the 1/4 features, and two heads (box
+    regression + class scores, an FPN in miniature); the 1/8 head is flattened to [1, cells, 4 +
+    classes] through Shape -> Gather -> Mul -> Concat -> Reshape, as exporters write it."""
+    rng = np.random.default_rng(seed)
+    c1, c2, c3, out = 8, 16, 32, 4 + classes
+    nodes = [
+        helper.make_node("Conv", ["image", "w1", "b1"], ["f2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["f2"], ["f2r"]),
+        helper.make_node("Conv", ["f2r", "w2", "b2"], ["f4"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["f4"], ["f4r"]),
+        helper.make_node("Conv", ["f4r", "w3", "b3"], ["f8"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["f8"], ["f8r"]),
+        helper.make_node("Resize", ["f8r", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Concat", ["up", "f4r"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "wh4", "bh4"], ["head4"]),
+        helper.make_node("Sigmoid", ["head4"], ["scores4"]),
+        helper.make_node("Conv", ["f8r", "wh8", "bh8"], ["head8"]),
+        helper.make_node("Shape", ["head8"], ["hs"]),
+        helper.make_node("Gather", ["hs", "i2"], ["h8"], axis=0),
+        helper.make_node("Gather", ["hs", "i3"], ["w8"], axis=0),
+        helper.make_node("Mul", ["h8", "w8"], ["cells"]),
+        helper.make_node("Unsqueeze", ["cells", "ax0"], ["cells1"]),
+        helper.make_node("Concat", ["one", "nout", "cells1"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["head8", "flat_shape"], ["flat8"]),
+        helper.make_node("Transpose", ["flat8"], ["boxes8"], perm=[0, 2, 1]),
+    ]
+    inits = {
+        "w1": _w(rng, c1, 3, 3, 3), "b1": _w(rng, c1, scale=0.1),
+        "w2": _w(rng, c2, c1, 3, 3), "b2": _w(rng, c2, scale=0.1),
+        "w3": _w(rng, c3, c2, 3, 3), "b3": _w(rng, c3, scale=0.1),
+        "scales": np.array([1, 1, 2, 2], np.float32),
+        "wh4": _w(rng, out, c3 + c2, 1, 1), "bh4": _w(rng, out, scale=0.1),
+        "wh8": _w(rng, out, c3, 1, 1), "bh8": _w(rng, out, scale=0.1),
+        "i2": np.array(2, np.int64), "i3": np.array(3, np.int64), "ax0": np.array([0], np.int64),
+        "one": np.array([1], np.int64), "nout": np.array([out], np.int64),
+    }
+    f = TensorProto.FLOAT
+    return make_model(nodes, [helper.make_tensor_value_info("image", f, [1, 3, "height", "width"])],
+                      [helper.make_tensor_value_info("scores4", f, [1, out, "h4", "w4"]),
+                       helper.make_tensor_value_info("boxes8", f, [1, "cells", out])], inits, name="small_detector")
 
 
 def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:

@@ -9,7 +9,8 @@ import numpy as np
 
 from ...dtypes import BY_ONNX, ONNX_OF_STORAGE
 from ...errors import ShapeError
-from ...ir.sym import is_dim
+from ...ir.sym import SymbolicDimError, is_dim
+from ..symbolic import assume_equal
 from .registry import Unsupported
 
 
@@ -18,11 +19,17 @@ def broadcast_shapes(*shapes) -> tuple:
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for i in range(rank):
-        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
-        dims.discard(1)
-        if len(dims) > 1:
+        dims = list(dict.fromkeys(s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0))
+        dims = [d for d in dims if d != 1]
+        if len(dims) > 1 and not any(is_dim(d) for d in dims):
             raise ShapeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
-        out.append(dims.pop() if dims else 1)
+        d = dims[0] if dims else 1
+        for other in dims[1:]:      # symbolic sizes that must agree: checked at run time where not provable
+            try:
+                d = assume_equal(d, other, f"broadcast of {[tuple(map(str, s)) for s in shapes]} (dim {i})")
+            except SymbolicDimError:
+                raise ShapeError(f"shapes {[tuple(str(x) for x in s) for s in shapes]} do not broadcast") from None
+        out.append(d)
     return tuple(out)
 
 

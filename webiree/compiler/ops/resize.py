@@ -17,6 +17,25 @@ from ...ir import kir
 from ...ir.kir import f32, select
 from .registry import Unsupported, register
 from .common import norm_axis
+from ...ir.sym import is_dim
+
+
+def _scaled(d, scale: float):
+    """floor(d * scale); for a symbolic dim, a scale that is an integer or one's reciprocal."""
+    if not is_dim(d):
+        return int(math.floor(d * scale))
+    if float(scale).is_integer():
+        return d * int(scale)
+    if scale > 0 and (1.0 / scale).is_integer():
+        return d // int(round(1.0 / scale))
+    raise Unsupported(f"Resize of the symbolic dim {d} by the scale {scale} (an integer or 1/integer is supported)")
+
+
+def _ratio(out, n):
+    """out / n as the scale of a resized axis: a float, or an f32 expression of symbolic sizes."""
+    if not is_dim(out) and not is_dim(n):
+        return out / n
+    return kir.size_f32(out) / kir.size_f32(n)
 
 
 def _params(ctx, node, shape):
@@ -40,8 +59,10 @@ def _params(ctx, node, shape):
     axes = [norm_axis(a, rank) for a in axes] if axes else list(range(rank))
     full_scales, full_sizes = [1.0] * rank, list(shape)
     if sizes is not None:
-        sizes = [int(s) for s in sizes]
+        sizes = [s if is_dim(s) else int(s) for s in np.asarray(sizes).reshape(-1)]
         policy = node.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch" and (any(is_dim(v) for v in sizes) or any(is_dim(shape[a]) for a in axes)):
+            raise Unsupported(f"keep_aspect_ratio_policy {policy!r} with symbolic sizes")
         if policy != "stretch":
             ratios = [sizes[i] / shape[a] for i, a in enumerate(axes)]
             r = min(ratios) if policy == "not_larger" else max(ratios)
@@ -51,12 +72,12 @@ def _params(ctx, node, shape):
         for i, a in enumerate(axes):
             full_sizes[a] = sizes[i]
             if policy == "stretch":
-                full_scales[a] = sizes[i] / shape[a]
+                full_scales[a] = _ratio(sizes[i], shape[a])
         out = full_sizes
     elif scales is not None:
         for i, a in enumerate(axes):
             full_scales[a] = float(scales[i])
-        out = [int(math.floor(shape[a] * full_scales[a])) for a in range(rank)]
+        out = [_scaled(shape[a], full_scales[a]) for a in range(rank)]
     else:
         raise ShapeError("Resize needs scales or sizes")
     full_roi = None
@@ -73,7 +94,23 @@ def _source_coord(mode, x, scale, in_len, out_len, roi_start, roi_end):
 
     As the ONNX reference does, align_corners, pytorch_half_pixel and tf_crop_and_resize
     use the unrounded output length scale * in_len (it differs from out_len when scales
-    are given)."""
+    are given). Symbolic lengths (and the scales computed from them) are f32 expressions; a
+    branch on them is then a select."""
+    if is_dim(in_len) or is_dim(out_len) or isinstance(scale, kir.Expr):
+        if mode == "half_pixel_symmetric" or mode == "tf_crop_and_resize":
+            raise Unsupported(f"coordinate_transformation_mode {mode!r} with symbolic sizes")
+        in_f = kir.size_f32(in_len)
+        out_f = in_f * scale
+        not_one = kir.binary("ne", out_f, f32(1.0))
+        if mode == "pytorch_half_pixel":
+            return select(not_one, (x + 0.5) / scale - 0.5, f32(-0.5))
+        if mode == "align_corners":
+            return select(not_one, x * ((in_f - 1.0) / (out_f - 1.0)), f32(0.0))
+        if mode == "half_pixel":
+            return (x + 0.5) / scale - 0.5
+        if mode == "asymmetric":
+            return x / scale
+        raise Unsupported(f"coordinate_transformation_mode {mode!r}")
     out_f = scale * in_len
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
@@ -152,7 +189,7 @@ def resize(ctx, node):
         raise Unsupported("Resize of non-float tensors")
     scales, out_shape, roi = _params(ctx, node, shape)
     if out_shape is None:
-        out_shape = [int(math.floor(d * s)) for d, s in zip(shape, scales)]
+        out_shape = [_scaled(d, s) for d, s in zip(shape, scales)]
     mode = node.attr("mode", "nearest")
     ctm = node.attr("coordinate_transformation_mode", "half_pixel" if node.op == "Resize" and ctx.opset >= 11
                     else "asymmetric")
@@ -162,9 +199,12 @@ def resize(ctx, node):
     exclude = bool(node.attr("exclude_outside", 0))
     extrapolation = float(node.attr("extrapolation_value", 0.0))
     antialias = bool(node.attr("antialias", 0)) and mode != "nearest"
+    if antialias and any(isinstance(v, kir.Expr) for v in scales):
+        raise Unsupported("antialiased Resize with symbolic sizes")
     if mode not in ("nearest", "linear", "cubic"):
         raise Unsupported(f"mode {mode!r}")
-    resized = [a for a in range(rank) if out_shape[a] != shape[a] or scales[a] != 1.0 or ctm == "tf_crop_and_resize"]
+    resized = [a for a in range(rank) if out_shape[a] != shape[a] or isinstance(scales[a], kir.Expr) or
+               scales[a] != 1.0 or ctm == "tf_crop_and_resize"]
 
     def rule(cs):
         taps = [([], f32(1.0))]   # (coords so far, weight)

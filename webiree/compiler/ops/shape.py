@@ -18,7 +18,8 @@ from ...ir.kir import select
 from .registry import Unsupported, register
 from ..symbolic import as_value
 from ..graph import internal_of_numpy
-from ...ir.sym import ceildiv, dmax, is_dim
+from ...ir.sym import SymbolicDimError, ceildiv, dmax, fmt, is_dim
+from ..symbolic import assume_equal
 from .common import broadcast_shapes, const_ints, norm_axis, required_ints
 
 
@@ -132,8 +133,15 @@ def concat(ctx, node):
     axis = norm_axis(node.attr("axis"), len(s0))
     for n in names:
         s = ctx.shape(n)
-        if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis):
-            raise ShapeError(f"Concat inputs {[ctx.shape(n) for n in names]} differ off axis {axis}")
+        if len(s) != len(s0):
+            raise ShapeError(f"Concat inputs {[ctx.shape(n) for n in names]} differ in rank")
+        for i, (a, b) in enumerate(zip(s, s0)):
+            if i != axis and a != b:
+                try:        # symbolic sizes that must agree: checked at run time where not provable
+                    assume_equal(b, a, f"Concat of {n!r} along axis {axis} (dim {i})")
+                except SymbolicDimError:
+                    raise ShapeError(f"Concat inputs {[fmt(ctx.shape(n)) for n in names]} differ off axis "
+                                     f"{axis}") from None
     sizes = [ctx.shape(n)[axis] for n in names]
     out_shape = list(s0)
     out_shape[axis] = sum(sizes)

@@ -16,7 +16,7 @@ from ...ir.program import O
 from ...ir import kir
 from ...ir.kir import For, If, Let, f32, i32, lvar
 from ...errors import LimitsError
-from ...ir.sym import DIMS_BUFFER, Dim, ceildiv, dmin, upper
+from ...ir.sym import DIMS_BUFFER, Dim, ceildiv, dmin, provably, upper
 
 
 class Strategy(str, enum.Enum):
@@ -210,8 +210,8 @@ def window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, o
             return inner_fn(pos, kc)
         kv = lvar(f"k{d}", "i32")
         p = out_coords[d] * strides[d] - pads[d] + kv * dilations[d]
-        always_inside = out_sp is not None and pads[d] == 0 and \
-            (out_sp[d] - 1) * strides[d] + (kdims[d] - 1) * dilations[d] <= in_sp[d] - 1
+        always_inside = out_sp is not None and pads[d] == 0 and provably(
+            lambda: (out_sp[d] - 1) * strides[d] + (kdims[d] - 1) * dilations[d] <= in_sp[d] - 1)
         inner = level(d + 1, pos + [lvar(f"p{d}", "i32")], kc + [kv])
         body = [Let(f"p{d}", p)] + (inner if always_inside else [
             If(kir.binary("and", lvar(f"p{d}", "i32") >= 0, lvar(f"p{d}", "i32") < in_sp[d]), inner)])
