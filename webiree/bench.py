@@ -5,6 +5,8 @@ host, warm-up excluded) of:
 
 - webiree native (wgpu-py on the local WebGPU adapter),
 - onnxruntime CPU (the reference; every output is checked against it),
+- with `dynamic` (`--dynamic seq=1..512`): the same model built once for a range of sizes
+  (issue #16), run at the pinned build's shape: the cost of reading sizes at run time,
 - IREE, when `iree-base-compiler` and `iree-base-runtime` are installed
   (`pip install -e .[iree]`): `vulkan-spirv` on the same Vulkan device, and
   `llvm-cpu`.
@@ -66,11 +68,20 @@ def _rel_err(got, ref) -> float:
     return float(np.abs(got - ref).max() / scale) if ref.size else 0.0
 
 
-def _feeds(model, inputs_path):
+def _feeds(module, inputs_path, seed: int = 0):
+    """The .npz's arrays, or seeded inputs of the built module's input shapes and types."""
     if inputs_path:
         return dict(np.load(inputs_path))
-    from .testing.models import sample_inputs
-    return sample_inputs(model)
+    from onnx import helper
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for io in module.inputs:
+        dt = helper.tensor_dtype_to_np_dtype(io.onnx_type)
+        shape = tuple(io.shape)
+        feeds[io.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f" else
+                          rng.integers(0, 2, shape).astype(bool) if dt == np.bool_ else
+                          rng.integers(0, 2, shape).astype(dt))     # valid ids, masks and token types alike
+    return feeds
 
 
 def _aligned(a: np.ndarray, alignment: int = 4096) -> np.ndarray:
@@ -131,7 +142,7 @@ def _iree_run(onnx_path: Path, feeds: dict, backend: str, workdir: Path, runs: i
 
 def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", inputs_path=None,
           iree: bool = False, input_shapes=None, json_out=None, log=print, iree_vulkan_target=None,
-          spirv: bool = False, submit_chunk: int = 0, trace_out=None) -> dict:
+          spirv: bool = False, submit_chunk: int = 0, trace_out=None, dims=None, dynamic=None) -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -140,16 +151,15 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
     from .session import InferenceSession
 
     model_path = Path(model_path)
-    model = onnx.load(str(model_path))
-    feeds = _feeds(model, inputs_path)
     report = {"model": model_path.name, "adapter": adapter_info(), "runs": runs, "warmup": warmup,
               "limits": limits, "iree_vulkan_target": iree_vulkan_target or "IREE's default", "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
-        build(model_path, tmp / "site", input_shapes, limits=limits)
+        build(model_path, tmp / "site", input_shapes, limits=limits, dims=dims)
         report["build_s"] = time.perf_counter() - t0
         sess = InferenceSession(tmp / "site")
+        feeds = _feeds(sess.module, inputs_path)
         report["default_submit_chunk"] = sess.driver.submit_chunk    # chosen by the adapter's type
         wi_ms, wi_out = _median_ms(lambda: sess.run(None, feeds), runs, warmup)
 
@@ -160,6 +170,15 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         report["results"]["onnxruntime-cpu"] = {"median_ms": ort_ms, "rel_err": 0.0}
         report["results"]["webiree"] = {"median_ms": wi_ms,
                                         "rel_err": _max_rel_err(wi_out, ref)}
+        if dynamic:   # one build for every size in the ranges, run at this build's shape
+            build(model_path, tmp / "site-dynamic", input_shapes, limits=limits, dims={**(dims or {}), **dynamic})
+            dyn = InferenceSession(tmp / "site-dynamic")
+            ms, out = _median_ms(lambda: dyn.run(None, feeds), runs, warmup)
+            ranges = ", ".join(f"{n} {lo}..{hi}" for n, lo, hi in dyn.module.symbols)
+            report["results"]["webiree-dynamic"] = {"median_ms": ms, "rel_err": _max_rel_err(out, ref),
+                                                    "ranges": ranges}
+            report["dynamic_executables"] = [len(sess.module.executables), len(dyn.module.executables)]
+            dyn.close()
         if submit_chunk:   # the same build, submitted every `submit_chunk` dispatches
             chunked = InferenceSession(tmp / "site", submit_chunk=submit_chunk)
             ms, out = _median_ms(lambda: chunked.run(None, feeds), runs, warmup)
@@ -169,7 +188,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         if spirv:   # the same kernels as SPIR-V executables (wgsl_codegen/spirv.py)
             try:
                 t0 = time.perf_counter()
-                build(model_path, tmp / "site-spirv", input_shapes, limits=limits, targets="spirv")
+                build(model_path, tmp / "site-spirv", input_shapes, limits=limits, targets="spirv", dims=dims)
                 spirv_build_s = time.perf_counter() - t0
                 spv_sess = InferenceSession(tmp / "site-spirv")
                 ms, out = _median_ms(lambda: spv_sess.run(None, feeds), runs, warmup)
@@ -231,6 +250,10 @@ def _print(r: dict, log):
         f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); webiree limits {r['limits']}"
         + (f", IREE vulkan target {r['iree_vulkan_target']}" if any(k.startswith("iree") for k in r["results"]) else "")
         + f"; default submission: {_submission(r.get('default_submit_chunk', 0))}; median of {r['runs']} runs")
+    if "webiree-dynamic" in r["results"]:
+        pinned, dyn = r["dynamic_executables"]
+        log(f"  webiree-dynamic: one build for {r['results']['webiree-dynamic']['ranges']} run at the pinned "
+            f"build's shape ({dyn} executables vs. {pinned} pinned)")
     base = r["results"]["webiree"]["median_ms"]
     for name, v in r["results"].items():
         if "error" in v:

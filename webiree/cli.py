@@ -149,7 +149,8 @@ def cmd_bench(args) -> int:
         raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
     report = bench(args.model, args.runs, args.warmup, args.limits, args.inputs, args.iree,
           _parse_shapes(args.input_shape), args.json, iree_vulkan_target=args.iree_vulkan_target,
-          spirv=args.spirv, submit_chunk=args.submit_chunk, trace_out=args.trace)
+          spirv=args.spirv, submit_chunk=args.submit_chunk, trace_out=args.trace,
+          dims=_parse_dims(args.dim), dynamic=_parse_dims(args.dynamic))
     wrong = wrong_results(report)
     if wrong:
         print(f"webiree bench: {', '.join(wrong)} differ from onnxruntime by more than 1e-4 of the output's "
@@ -216,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--limits", default="adapter", choices=["default", "gpu", "cpu", "adapter"])
     bn.add_argument("--inputs", help=".npz of inputs keyed by input name (default: seeded random)")
     bn.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...")
+    bn.add_argument("--dim", action="append", metavar="NAME=N", help="pin a named symbolic dim")
+    bn.add_argument("--dynamic", action="append", metavar="NAME=MIN..MAX",
+                    help="also time one build for this range of the dim, run at the pinned shape")
     bn.add_argument("--iree", action="store_true", help="also run IREE vulkan-spirv and llvm-cpu (pip install -e .[iree])")
     bn.add_argument("--spirv", action="store_true", help="also build and time the SPIR-V executables")
     bn.add_argument("--iree-vulkan-target", help="IREE's --iree-vulkan-target (its default has no int64)")

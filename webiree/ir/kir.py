@@ -583,7 +583,7 @@ def unroll(body: list) -> list:
                 for i in range(s.start.attr, s.stop.attr, s.step):
                     mapping = {var(s.var, "i32"): i32(i)}
                     copy = subst_stmts(inner, mapping)
-                    out.extend(_rename_lets(copy, f"_{s.var}{i}"))
+                    out.extend(rename_lets(copy, f"_{s.var}{i}"))
                 continue
             out.append(For(s.var, s.start, s.stop, inner, s.step))
         elif isinstance(s, If):
@@ -593,7 +593,7 @@ def unroll(body: list) -> list:
     return out
 
 
-def _rename_lets(body: list, suffix: str) -> list:
+def rename_lets(body: list, suffix: str) -> list:
     lets = [s for s in statements(body) if isinstance(s, (Let, Decl))]
     if not lets:
         return body

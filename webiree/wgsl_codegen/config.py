@@ -56,7 +56,8 @@ def _register_blocked(op: P.MatMul, limits: dict):
     # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
     # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
     # columns) streams B fewer times (docs/performance.md has the measurements).
-    vec = 4 if matmul_vec4_ok(op) else 1
+    # vec4 slots also over a symbolic N (the builder gathers a slot's columns one by one)
+    vec = 4 if matmul_vec4_ok(op) or "n" in getattr(op, "symbolic", ()) else 1
     cols = -(-op.n // vec)
     wx = 8
     rn = max(1, min(12 if vec == 4 else 16, -(-cols // wx)))
@@ -194,7 +195,11 @@ def planning_view(op: P.Op) -> P.Op:
             changes[f.name] = _planned_size(v)
         elif isinstance(v, tuple) and any(isinstance(x, Dim) for x in v):
             changes[f.name] = tuple(_planned_size(x) for x in v)
-    return dataclasses.replace(op, **changes) if changes else op
+    if not changes:
+        return op
+    view = dataclasses.replace(op, **changes)
+    view.symbolic = frozenset(changes)      # which sizes vary (a planner may want to know)
+    return view
 
 
 def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:

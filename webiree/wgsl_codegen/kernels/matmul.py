@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
+from ...ir.sym import ceildiv, is_dim
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
 from .common import Strategy, Binder, lid, epilogue
@@ -53,17 +54,30 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     rm, rn, uk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     vec = cfg.vector
     M, N, K = op.m, op.n, op.k
-    slots = N // vec
+    # vec4 accumulators over an N not known to be a multiple of 4 (a symbolic size): lane q of
+    # slot j is column n0 + WX * (4j + q), so each of the four loads and stores is contiguous
+    # across the workgroup's invocations (lavapipe's SIMD lanes); columns past N are clamped on
+    # load and skipped on store
+    gather = vec == 4 and not matmul_vec4_ok(op)
+    slots = ceildiv(N, 4) if gather else N // vec
     acc_t = "vec4f" if vec == 4 else "f32"
     bz, a_off, b_off = _batch_offsets(op)
-    body = [Let("a_off", a_off), Let("b_offv", b_off // vec),
-            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
+    body = [Let("a_off", a_off), Let("b_offv", b_off if gather else b_off // vec),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn * (4 if gather else 1)) + lid()),
             Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
     n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
     a_off, b_offv = lvar("a_off", "i32"), lvar("b_offv", "i32")
     for i in range(rm):
         body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
-    nc = _slots_and_accumulators(body, n0, wx, slots, rm, rn, acc_t)
+    if gather:
+        for j in range(rn):
+            for q in range(4):
+                body.append(Let(f"nq{j}_{q}", kir.minimum(n0 + wx * (4 * j + q), N - 1)))
+            for i in range(rm):
+                body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0))))
+        nc = []
+    else:
+        nc = _slots_and_accumulators(body, n0, wx, slots, rm, rn, acc_t)
     mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
 
     def step(k):
@@ -72,7 +86,11 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
             a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))
             stmts.append(Let(f"a{i}", kir.splat(a) if vec == 4 else a))
         for j in range(rn):
-            if vec == 4:   # matmul_vec4_ok: B row-major, no prologue
+            if gather:
+                cols = [lvar(f"nq{j}_{q}", "i32") for q in range(4)]
+                bv = kir.vec4(*(b.load(op.b, b_offv + (col * K + k if op.trans_b else k * N + col))
+                                for col in cols))
+            elif vec == 4:   # matmul_vec4_ok: B row-major, no prologue
                 bv = b.load4(op.b, b_offv + k * slots + nc[j])
             else:
                 bv = b.load(op.b, b_offv + (nc[j] * K + k if op.trans_b else k * N + nc[j]))
@@ -84,14 +102,41 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
         return stmts
     k0 = lvar("k0", "i32")
     main = K - K % uk
-    if main:
+    if is_dim(K) or main:
         inner = [kir.For(f"u{kk}", i32(0), i32(1), step(k0 + kk), unroll=True) for kk in range(uk)]
         body.append(For("k0", i32(0), i32(main), inner, step=uk))
-    for k in range(main, K):
-        body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
-    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
-                                            for i in range(rm) for j in range(rn)], vec)
+    if is_dim(K):       # a symbolic K: the remainder in a loop of its own
+        body.append(For("kt", i32(main), i32(K), kir.rename_lets(step(lvar("kt", "i32")), "_kt")))
+    else:
+        for k in range(main, K):
+            body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
+    if gather:
+        body += _store_gathered(op, b, bz, wx, [(f"acc{i}_{j}", m0 + i, n0 + wx * 4 * j)
+                                                for i in range(rm) for j in range(rn)])
+    else:
+        body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
+                                                for i in range(rm) for j in range(rn)], vec)
     return body, [], (-(-slots // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _store_gathered(op: P.MatMul, b: Binder, bz, wx: int, blocks) -> list:
+    """Stores of vec4 accumulators whose lane q is column c + wx*q (`blocks` = [(acc name, row,
+    c)]): lane by lane through alpha and the epilogue, columns past N left out."""
+    M, N = op.m, op.n
+    out = b.name(op.out)
+    body = []
+    for name, r, c in blocks:
+        acc = lvar(name, "vec4f")
+        stores = [Let(f"o_{name}", bz * (M * N) + r * N + c)]
+        oo = lvar(f"o_{name}", "i32")
+        for q in range(4):
+            v = kir.lane(acc, q)
+            if op.alpha != 1.0:
+                v = v * op.alpha
+            o = oo + wx * q
+            stores.append(If(c + wx * q < N, [Store(out, o, epilogue(op, b, v, o))]))
+        body.append(If(r < M, stores))
+    return body
 
 
 def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
