@@ -9,16 +9,28 @@
 //   const session = await webiree.InferenceSession.create('./', {onProgress});
 //   const results = await session.run({x: new webiree.Tensor('float32', data, [1, 64])});
 //   results.probs.data  // Float32Array
+//
+// A dynamic module (a build with sizes in ranges, `--dim sequence=1..512`) runs at every size in
+// them: each run takes the symbols' values from the fed Tensors' dims (bindDims: out of range,
+// inconsistent, wrong fixed dim or rank is a 'feed' error), evaluates the registers, writes the
+// values into the `params` buffer the kernels read their sizes from, dispatches DISPATCH_DYN with
+// the counts in registers (0 skips it), uploads and reads back only this run's bytes, and returns
+// Tensors with this run's dims. Pipelines and bind groups are made once per session, never per size;
+// inputMetadata / outputMetadata show a varying dim by its symbol's name.
 
 const TIMEOUT_MS = 30000;
 const DTYPES = ['f32', 'i32', 'u32', 'bool'];
-const KINDS = ['weights', 'input', 'arena'];
+const KINDS = ['weights', 'input', 'arena', 'params'];
 const FORMATS = ['wgsl', 'spirv'];
 const OP = {UPLOAD_INPUT: 1, DISPATCH: 2, READBACK: 5, DISPATCH_DYN: 6,
   SET_REG: 0x10, LOAD_DIM: 0x11, ARITH: 0x12};
 const ARITY = {1: 1, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4};
-const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => Math.floor(a / b),
-  (a, b) => Math.ceil(a / b), Math.min, Math.max];
+// add, sub, mul, div_floor, div_ceil (0 for a zero divisor), min, max
+const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => (b ? Math.floor(a / b) : 0),
+  (a, b) => (b ? Math.ceil(a / b) : 0), Math.min, Math.max];
+const DYNAMIC_RANK = 0x80000000;  // IOS: a rank word with this bit is followed by one register word per dim
+const STATIC_DIM = 0xffffffff;    // ... where this register word marks a dim that does not vary
+const BIND_READONLY = 2;          // EXEC binding kinds: 0 storage (read), 1 storage (written), 2 read-only storage
 // ONNX element type -> [tensor type name, typed array class]
 const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: ['int8', Int8Array],
   4: ['uint16', Uint16Array], 5: ['int16', Int16Array], 6: ['int32', Int32Array], 7: ['int64', BigInt64Array],
@@ -58,7 +70,9 @@ export class WebireeError extends Error {
   }
 }
 const fail = (kind, message, hint) => { throw new WebireeError(kind, message, hint); };
-const show = (dims) => `[${dims.join(', ')}]`;
+const show = (dims) => `[${dims.map((d) => d ?? '?').join(', ')}]`;
+const numel = (dims) => dims.reduce((a, b) => a * b, 1);
+const round4 = (n) => Math.ceil(n / 4) * 4;
 const camel = (s) => s.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
 
 /** Reject with a clear message if `promise` takes longer than `ms` (a GPU hang must fail fast). */
@@ -106,14 +120,14 @@ export class Tensor {
   }
 }
 
-/** An output kept on the GPU (run(feeds, {keep})): location 'gpu-buffer', its own gpuBuffer. */
-function gpuTensor(session, io, buffer) {
+/** An output kept on the GPU (run(feeds, {keep})): location 'gpu-buffer', its own gpuBuffer, the dims of its run. */
+function gpuTensor(session, io, buffer, dims) {
   const t = Object.create(Tensor.prototype);
   Object.defineProperty(t, 'data', {get() {
     fail('feed', `tensor '${io.name}' is on the GPU (location '${t.location}')`, 'use await tensor.getData()');
   }});
-  Object.assign(t, {type: ONNX_TYPES[io.onnxType]?.[0] ?? 'float32', dims: [...io.dims],
-    size: io.dims.reduce((a, b) => a * b, 1), location: 'gpu-buffer', gpuBuffer: buffer, _session: session, _io: io});
+  Object.assign(t, {type: ONNX_TYPES[io.onnxType]?.[0] ?? 'float32', dims: [...dims],
+    size: numel(dims), location: 'gpu-buffer', gpuBuffer: buffer, _session: session, _io: io});
   return t;
 }
 
@@ -172,7 +186,11 @@ export function readModule(data) {
   r = new Reader(sections.EXEC, 'EXEC');
   const executables = Array.from({length: r.u32()}, () => {
     const [name, entry, fmt, wx, wy, wz, nb] = r.u32s(7);
-    const bindings = Array.from({length: nb}, () => { const [slot, writes] = r.u32s(2); return {slot, writes: !!writes}; });
+    const bindings = Array.from({length: nb}, () => {
+      const [slot, kind] = r.u32s(2);
+      if (kind > BIND_READONLY) fail('model', `model.wrm: executable ${s(name)} has an unknown binding kind ${kind}`, hint);
+      return {slot, kind, writes: kind === 1};
+    });
     return {name: s(name), entry: s(entry), format: pick(FORMATS, fmt, 'executable format'),
       workgroupSize: [wx, wy, wz], bindings, code: r.blob()};
   });
@@ -183,8 +201,13 @@ export function readModule(data) {
   });
   r = new Reader(sections['IOS '], 'IOS');
   const [inputs, outputs] = [0, 1].map(() => Array.from({length: r.u32()}, () => {
-    const [name, dtype, onnxType, buffer, offset, size, rank] = r.u32s(7);
-    return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims: r.u32s(rank)};
+    const [name, dtype, onnxType, buffer, offset, size, word] = r.u32s(7);
+    const varies = word >= DYNAMIC_RANK, rank = varies ? word - DYNAMIC_RANK : word;
+    const dims = r.u32s(rank);
+    // regs: per dim the register holding its size in a run (null: fixed); [] in a static entry
+    const regs = varies ? r.u32s(rank).map((x) => (x === STATIC_DIM ? null : x)) : [];
+    return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims, regs,
+      dynamic: regs.some((x) => x !== null)};
   }));
   r = new Reader(sections.CMDS, 'CMDS');
   const [count, registers] = r.u32s(2);
@@ -197,12 +220,107 @@ export function readModule(data) {
     if (!(op in ARITY)) fail('model', `model.wrm: unknown opcode 0x${op.toString(16)}`, hint);
     return [op, ...r.u32s(ARITY[op])];
   });
+  const symbols = [];
+  if (sections.SYMS) {
+    r = new Reader(sections.SYMS, 'SYMS');
+    for (let n = r.u32(); n > 0; n--) { const [name, min, max] = r.u32s(3); symbols.push({name: s(name), min, max}); }
+  }
   let info = {};
   if (sections.INFO) {
     try { info = JSON.parse(text.decode(new Reader(sections.INFO, 'INFO').blob()) || '{}'); } catch { info = {}; }
   }
   for (const b of buffers) if (b.size % 4) fail('model', `model.wrm: buffer ${b.name} size ${b.size} is not a multiple of 4`);
-  return {executables, buffers, inputs, outputs, commands, registers, limits, info};
+  const m = {executables, buffers, inputs, outputs, commands, registers, limits, info, symbols};
+  checkRegisters(m, hint);
+  return m;
+}
+
+/** Reject a register, symbol or input dim a run would follow blindly (format.py validate_module). */
+function checkRegisters(m, hint) {
+  const check = (ok, what) => ok || fail('model', `model.wrm is inconsistent: ${what}`, hint);
+  const nsym = m.symbols.length, nreg = Math.max(m.registers, 1);
+  check(m.registers >= nsym, 'fewer registers than symbols (symbol k is register k)');
+  for (const {name, min, max} of m.symbols) check(min <= max, `symbol ${name} has an empty range ${min}..${max}`);
+  for (const b of m.buffers) check(b.kind !== 'params' || b.size >= 4 * nsym, 'the params buffer is smaller than its symbols');
+  for (const [group, ios] of [['input', m.inputs], ['output', m.outputs]]) {
+    for (const io of ios) {
+      check(io.regs.every((x) => x === null || x < m.registers), `${group} '${io.name}' names a missing register`);
+      check(group === 'output' || io.regs.every((x) => x === null || x < nsym), `input '${io.name}': a varying dim is not a symbol`);
+    }
+  }
+  for (const [op, ...a] of m.commands) {
+    if (op === OP.DISPATCH_DYN) check(a.slice(1, 4).every((x) => x < nreg), 'a dispatch reads a register out of range');
+    else if (op === OP.SET_REG) check(a[0] < nreg, 'a register index is out of range');
+    else if (op === OP.ARITH) check(a[0] in ARITH && a.slice(1).every((x) => x < nreg), 'a bad arithmetic command');
+    else if (op === OP.LOAD_DIM) check(a[0] < nreg && a[2] < (m.inputs[a[1]]?.dims.length ?? 0), 'LOAD_DIM names a missing input dim or register');
+  }
+}
+
+// ---------------------------------------------------------------- shapes of a run (dynamic modules)
+/** The register file of one run: dims[i] is input i's shape; SET_REG, LOAD_DIM and ARITH in stream order. */
+function evalRegisters(m, dims) {
+  const regs = new Array(Math.max(m.registers, 1)).fill(0);
+  for (const cmd of m.commands) {
+    if (cmd[0] === OP.SET_REG) regs[cmd[1]] = cmd[2];
+    else if (cmd[0] === OP.LOAD_DIM) regs[cmd[1]] = dims[cmd[2]][cmd[3]];
+    else if (cmd[0] === OP.ARITH) regs[cmd[2]] = ARITH[cmd[1]](regs[cmd[3]], regs[cmd[4]]);
+  }
+  return regs;
+}
+
+/** An input's or output's shape in a run with registers `regs` (its fixed shape in a static entry). */
+const shapeOf = (io, regs) => (io.regs.length ? io.dims.map((d, i) => (io.regs[i] === null ? d : regs[io.regs[i]])) : io.dims);
+
+/** The shape a build declares: ints, a symbol's name where the dim is a symbol, null where it is
+ * computed from them (as onnxruntime shows symbolic dims). */
+function declaredShape(m, io) {
+  if (!io.regs.length) return [...io.dims];
+  return io.dims.map((d, i) => {
+    const r = io.regs[i];
+    return r === null ? d : (m.symbols[r]?.name ?? null);
+  });
+}
+
+/** A dynamic input's fed rank (its dims are checked by bindDims). */
+function checkRank(m, io, dims) {
+  if (dims.length !== io.dims.length) {
+    fail('feed', `input '${io.name}' has rank ${dims.length}; the model's input has rank ${io.dims.length}`,
+      `feed a shape like ${show(declaredShape(m, io))}`);
+  }
+}
+
+/**
+ * The register file of one run of a dynamic module: every symbol's value taken from the fed
+ * shapes (shapes[i]: input i's dims), each checked against its declared range and against its
+ * other occurrences (hal_webgpu/feeds.py bind_dims, with its messages). Ranks and static inputs
+ * are checked by _encode / _checkGpuFeed first.
+ */
+function bindDims(m, shapes) {
+  const seen = new Map();   // symbol -> [value, input name, dim]
+  m.inputs.forEach((io, i) => {
+    io.regs.forEach((r, axis) => {
+      const d = shapes[i][axis];
+      if (r === null) {
+        if (d !== io.dims[axis]) {
+          fail('feed', `input '${io.name}' has ${d} at dim ${axis}; the model fixes it at ${io.dims[axis]}`,
+            `feed a shape like ${show(declaredShape(m, io))}`);
+        }
+        return;
+      }
+      const {name, min, max} = m.symbols[r];
+      if (!(d >= min && d <= max)) {
+        fail('feed', `input '${io.name}': dim ${axis} (${name}) is ${d}, outside the build's range ${min}..${max}`,
+          `rebuild with a wider range, e.g. --dim ${name}=${Math.min(min, d)}..${Math.max(max, d)}`);
+      }
+      const other = seen.get(r);
+      if (other && other[0] !== d) {
+        fail('feed', `dim ${name} is ${d} in input '${io.name}' (dim ${axis}) but ${other[0]} in input '${other[1]}' (dim ${other[2]})`,
+          `every occurrence of ${name} must be equal`);
+      }
+      seen.set(r, [d, io.name, axis]);
+    });
+  });
+  return evalRegisters(m, shapes);
 }
 
 // ---------------------------------------------------------------- loading
@@ -540,7 +658,9 @@ export class InferenceSession {
     this.timeoutMs = timeoutMs;
     this.inputNames = module.inputs.map((io) => io.name);
     this.outputNames = module.outputs.map((io) => io.name);
-    const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`, shape: [...io.dims]});
+    this.dynamic = module.symbols.length > 0;   // sizes in ranges: each run binds them (bindDims)
+    const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`,
+      shape: declaredShape(module, io)});
     this.inputMetadata = module.inputs.map(meta);
     this.outputMetadata = module.outputs.map(meta);
     this.profile = null;
@@ -635,6 +755,7 @@ export class InferenceSession {
     d.pushErrorScope('validation');
     this.buffers = m.buffers.map((b, i) => d.createBuffer({label: b.name || `${b.kind}${i}`, size: Math.max(b.size, 4),
       usage: U.STORAGE | U.COPY_SRC | U.COPY_DST}));
+    this.params = this.buffers.filter((_, i) => m.buffers[i].kind === 'params');  // the dims buffers, written per run
     const loading = loadWeights((b, bytes, offset) => d.queue.writeBuffer(this.buffers[b.index], 0, bytes, offset, b.size));
     // Pipelines compile in parallel; a slow compiler (SwiftShader) may take minutes for all of
     // them, so the timeout is "no pipeline finished for timeoutMs", not a limit per pipeline.
@@ -653,8 +774,8 @@ export class InferenceSession {
       let code = new TextDecoder().decode(e.code);
       // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
       if (code.includes('subgroupBroadcast(')) code = 'enable subgroups;\n' + code;
-      const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot}) => (
-        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'storage'}}))});
+      const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot, kind}) => (
+        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: kind === BIND_READONLY ? 'read-only-storage' : 'storage'}}))});
       const shader = d.createShaderModule({label: e.name, code});
       try {
         const pipeline = await Promise.race([d.createComputePipelineAsync({label: e.name,
@@ -672,7 +793,8 @@ export class InferenceSession {
       }
     })).finally(() => clearTimeout(watch)), loading]);
     const names = (m.info.dispatches ?? []).map((x) => x.name);
-    const regs = new Array(Math.max(m.registers, 1)).fill(0);
+    // registers at the inputs' fixed (a dynamic module: largest) shapes; a dynamic module's runs evaluate their own
+    const regs = evalRegisters(m, m.inputs.map((io) => io.dims));
     this.uploads = [];
     this.items = [];
     this.readbacks = [];
@@ -682,25 +804,22 @@ export class InferenceSession {
       if (op === OP.UPLOAD_INPUT) {
         this.uploads.push(cmd[1]);
       } else if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
-        let [, ex, gx, gy, gz, binds] = cmd;
-        if (op === OP.DISPATCH_DYN) [gx, gy, gz] = [regs[gx], regs[gy], regs[gz]];
+        const [, ex, gx, gy, gz, binds] = cmd;
         const p = pipelines[ex] ?? fail('model', `model.wrm: dispatch of unknown executable ${ex}`);
         const bindGroup = d.createBindGroup({layout: p.layout, entries: binds.map(([slot, buf, offset, size]) => (
           {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
-        const name = names[this.items.filter((it) => it.bindGroup).length] ?? m.executables[ex].name;
-        this.items.push({pipeline: p.pipeline, bindGroup, grid: [gx, gy, gz], name});
+        const index = this.items.length;
+        const item = {pipeline: p.pipeline, bindGroup, grid: [gx, gy, gz], name: names[index] ?? m.executables[ex].name, index};
+        if (op === OP.DISPATCH_DYN) {
+          item.grid = [regs[gx], regs[gy], regs[gz]];
+          if (this.dynamic) item.regs = [gx, gy, gz];   // each run reads its counts from these registers
+        }
+        this.items.push(item);
       } else if (op === OP.READBACK) {
         const io = m.outputs[cmd[1]];
         this.readbacks.push({io, at: readbackSize});
         readbackSize += Math.ceil(io.size / 4) * 4;
-      } else if (op === OP.SET_REG) {
-        regs[cmd[1]] = cmd[2];
-      } else if (op === OP.LOAD_DIM) {
-        regs[cmd[1]] = m.inputs[cmd[2]].dims[cmd[3]];
-      } else if (op === OP.ARITH) {
-        const [, a, dst, x, y] = cmd;
-        regs[dst] = (ARITH[a] ?? fail('model', `model.wrm: unknown arithmetic op ${a}`))(regs[x], regs[y]);
-      }
+      }   // SET_REG / LOAD_DIM / ARITH: evaluated by evalRegisters
     }
     this.readback = d.createBuffer({label: 'readback', size: Math.max(readbackSize, 4), usage: U.MAP_READ | U.COPY_DST});
     for (const {io, at} of this.readbacks) {
@@ -736,6 +855,27 @@ export class InferenceSession {
     return plan;
   }
 
+  /** A dynamic module's `plan` in one run: workgroup counts read from the registers `regs` (a count
+   * of 0 skips the dispatch), and the outputs read back at their sizes in this run (`dims`: output
+   * name -> shape), packed from the start of the readback buffer. */
+  _atRunSize(plan, regs, dims) {
+    const items = [], readbacks = [];
+    for (const it of plan.items) {
+      if (!it.bindGroup) continue;
+      if (!it.regs) { items.push(it); continue; }
+      const grid = it.regs.map((r) => regs[r]);
+      if (Math.min(...grid) > 0) items.push({...it, grid});
+    }
+    let at = 0;
+    for (const {io} of plan.readbacks) {
+      const size = round4(4 * numel(dims[io.name]));
+      readbacks.push({io, at});
+      if (size) items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size});
+      at += size;
+    }
+    return {items, readbacks, size: at};
+  }
+
   /** Check a GPU tensor fed as input `io`. */
   _checkGpuFeed(io, t) {
     const name = t._io?.name ?? '?';
@@ -743,7 +883,9 @@ export class InferenceSession {
     if (t.location !== 'gpu-buffer') fail('feed', `input '${io.name}' is GPU tensor '${name}', which was disposed`, 'feed a GPU tensor before disposing it');
     const want = ONNX_TYPES[io.onnxType]?.[0];
     if (t.type !== want || t._io.dtype !== io.dtype) fail('feed', `input '${io.name}' must be ${want}, got GPU tensor '${name}' of ${t.type}`, `feed a tensor of type ${want}`);
-    if (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i])) {
+    if (io.dynamic) {
+      checkRank(this.module, io, t.dims);   // its dims are checked by bindDims
+    } else if (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i])) {
       fail('feed', `input '${io.name}' has shape ${show(t.dims)} (GPU tensor '${name}'); the model was compiled for ${show(io.dims)}`, 'feed exactly that shape');
     }
   }
@@ -753,7 +895,7 @@ export class InferenceSession {
     const result = this._queue.then(async () => {
       if (this._released) fail('device', 'the session was released', 'create a new session');
       if (t.location !== 'gpu-buffer') fail('feed', `tensor '${t._io.name}' was disposed`);
-      const size = Math.max(Math.ceil(t._io.size / 4) * 4, 4);
+      const size = Math.max(round4(4 * t.size), 4);
       const staging = this.device.createBuffer({label: `read ${t._io.name}`, size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
       try {
         const enc = this.device.createCommandEncoder();
@@ -762,7 +904,7 @@ export class InferenceSession {
         await this._gpu(staging.mapAsync(GPUMapMode.READ), 'reading a GPU tensor (mapAsync)');
         const raw = new Uint8Array(staging.getMappedRange().slice(0));
         staging.unmap();
-        return this._decode(t._io, raw).data;
+        return this._decode(t._io, raw, t.dims).data;
       } finally {
         staging.destroy();
       }
@@ -777,15 +919,17 @@ export class InferenceSession {
     if (!tensor || typeof tensor !== 'object' || !('data' in tensor)) fail('feed', `input '${io.name}' must be a webiree.Tensor`);
     if (tensor.type !== want) fail('feed', `input '${io.name}' must be ${want}, got ${tensor.type}`, `convert it to ${want}`);
     const dims = Array.from(tensor.dims ?? [], Number);
-    if (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i])) {
+    if (io.dynamic) {
+      checkRank(this.module, io, dims);   // its dims are checked by bindDims
+    } else if (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i])) {
       fail('feed', `input '${io.name}' has shape ${show(dims)}; the model was compiled for ${show(io.dims)}`,
         'feed exactly that shape, or rebuild with --input-shape');
     }
     const data = tensor.data;
-    const n = io.dims.reduce((a, b) => a * b, 1);
+    const n = numel(dims);
     const f16Array = io.onnxType === 10 && F16_ARRAY && data instanceof F16_ARRAY;
     if (!(data instanceof ONNX_TYPES[io.onnxType][1] || f16Array) || data.length !== n) {
-      fail('feed', `input '${io.name}' has ${data?.length} ${data?.constructor?.name} elements; shape ${show(io.dims)} needs ${n} (${ONNX_TYPES[io.onnxType][1].name})`);
+      fail('feed', `input '${io.name}' has ${data?.length} ${data?.constructor?.name} elements; shape ${show(dims)} needs ${n} (${ONNX_TYPES[io.onnxType][1].name})`);
     }
     if (f16Array) return Float32Array.from(data);
     if (io.onnxType === 10) return Float32Array.from(data, f32OfF16Bits);
@@ -820,9 +964,10 @@ export class InferenceSession {
     return io.dtype === 'i32' ? Int32Array.from(data) : Uint32Array.from(data);
   }
 
-  _decode(io, bytes) {
+  /** An output's storage bytes as a Tensor of its ONNX type, with `dims` (its run's shape). */
+  _decode(io, bytes, dims = io.dims) {
     const [type, Cls] = ONNX_TYPES[io.onnxType] ?? ['float32', Float32Array];
-    const n = io.size / 4;
+    const n = numel(dims);
     const raw = io.dtype === 'f32' ? new Float32Array(bytes.buffer, bytes.byteOffset, n)
       : io.dtype === 'i32' ? new Int32Array(bytes.buffer, bytes.byteOffset, n) : new Uint32Array(bytes.buffer, bytes.byteOffset, n);
     let data;
@@ -832,7 +977,7 @@ export class InferenceSession {
     } else if (Cls === BigInt64Array || Cls === BigUint64Array) data = Cls.from(raw, BigInt);
     else if (type === 'bool') data = Uint8Array.from(raw, (v) => (v ? 1 : 0));
     else data = Cls.from(raw);
-    return new Tensor(type, data, io.dims);
+    return new Tensor(type, data, dims);
   }
 
   /** Run the model. feeds: {inputName: Tensor}; options: {profile: true} adds results.profile;
@@ -864,19 +1009,29 @@ export class InferenceSession {
       if (onGpu(t)) { this._checkGpuFeed(io, t); return t; }
       return this._encode(io, t);
     });
-    const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)));
+    // a dynamic module: this run's sizes, from the fed dims (checked against the ranges)
+    const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims, Number))) : null;
+    const dimsOf = (io) => (regs ? shapeOf(io, regs) : io.dims);
+    let plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)));
+    if (regs) plan = this._atRunSize(plan, regs, Object.fromEntries(m.outputs.map((io) => [io.name, dimsOf(io)])));
+    const dispatches = plan.items.filter((it) => it.bindGroup);
 
     d.pushErrorScope('validation');
     const enc = d.createCommandEncoder();
     for (const i of this.uploads) {
       const io = m.inputs[i];
       if (onGpu(encoded[i])) {   // copied on the GPU into the input's place, before the dispatches
-        if (io.size) enc.copyBufferToBuffer(encoded[i].gpuBuffer, 0, this.buffers[io.buffer], io.offset, Math.ceil(io.size / 4) * 4);
-      } else if (encoded[i].byteLength) {
+        const size = round4(4 * numel(dimsOf(io)));
+        if (size) enc.copyBufferToBuffer(encoded[i].gpuBuffer, 0, this.buffers[io.buffer], io.offset, size);
+      } else if (encoded[i].byteLength) {   // this run's bytes only
         d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
       }
     }
-    const profile = options.profile && this.hasTimestamps && this.dispatchCount > 0;
+    if (regs) {   // the symbols' values, one i32 each, for the kernels to read their sizes from
+      const words = Int32Array.from(m.symbols, (_, k) => regs[k]);
+      for (const b of this.params) d.queue.writeBuffer(b, 0, words);
+    }
+    const profile = options.profile && this.hasTimestamps && dispatches.length > 0;
     if (profile && !this._query) {
       const n = 2 * this.dispatchCount;
       this._query = d.createQuerySet({type: 'timestamp', count: n});
@@ -907,16 +1062,17 @@ export class InferenceSession {
     const results = {};
     for (const name of keep) {
       const io = m.outputs[this.outputNames.indexOf(name)];
-      const size = Math.ceil(io.size / 4) * 4;
+      const dims = dimsOf(io);
+      const size = round4(4 * numel(dims));
       const buffer = d.createBuffer({label: `kept ${name}`, size: Math.max(size, 4), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
       if (size) enc.copyBufferToBuffer(this.buffers[io.buffer], io.offset, buffer, 0, size);
-      const t = gpuTensor(this, io, buffer);
+      const t = gpuTensor(this, io, buffer, dims);
       this._resident.add(t);
       results[name] = t;
     }
     if (profile) {
-      enc.resolveQuerySet(this._query, 0, 2 * this.dispatchCount, this._resolve, 0);
-      enc.copyBufferToBuffer(this._resolve, 0, this._times, 0, 16 * this.dispatchCount);
+      enc.resolveQuerySet(this._query, 0, 2 * dispatches.length, this._resolve, 0);
+      enc.copyBufferToBuffer(this._resolve, 0, this._times, 0, 16 * dispatches.length);
     }
     d.queue.submit([enc.finish()]);
     const [error] = await Promise.all([
@@ -933,14 +1089,17 @@ export class InferenceSession {
       for (const name of keep) results[name].dispose();
       fail('device', `WebGPU rejected a command: ${error.message}`);
     }
-    for (const {io, at} of plan.readbacks) results[io.name] = this._decode(io, raw.subarray(at, at + io.size));
-    if (profile) {
+    for (const {io, at} of plan.readbacks) {
+      const dims = dimsOf(io);
+      results[io.name] = this._decode(io, raw.subarray(at, at + 4 * numel(dims)), dims);
+    }
+    if (profile) {   // the dispatches this run recorded (a dynamic module skips those with a count of 0)
       const ts = new BigInt64Array(this._times.getMappedRange().slice(0));
       this._times.unmap();
-      const dispatches = this.items.filter((it) => it.bindGroup);
       this.profile = dispatches.map((it, i) => ({name: it.name, ms: Number(ts[2 * i + 1] - ts[2 * i]) / 1e6}));
+      const info = {...this.module.info, dispatches: dispatches.map((it) => this.module.info.dispatches?.[it.index])};
       Object.defineProperty(results, 'profile', {value: this.profile, enumerable: false, configurable: true});
-      Object.defineProperty(results, 'trace', {value: chromeTrace(this.module.info, ts, this.dispatchCount),
+      Object.defineProperty(results, 'trace', {value: chromeTrace(info, ts, dispatches.length),
                                                enumerable: false, configurable: true});
     }
     return results;
