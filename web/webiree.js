@@ -10,13 +10,9 @@
 //   const results = await session.run({x: new webiree.Tensor('float32', data, [1, 64])});
 //   results.probs.data  // Float32Array
 //
-// A dynamic module (a build with sizes in ranges, `--dim sequence=1..512`) runs at every size in
-// them: each run takes the symbols' values from the fed Tensors' dims (bindDims: out of range,
-// inconsistent, wrong fixed dim or rank is a 'feed' error), evaluates the registers, writes the
-// values into the `params` buffer the kernels read their sizes from, dispatches DISPATCH_DYN with
-// the counts in registers (0 skips it), uploads and reads back only this run's bytes, and returns
-// Tensors with this run's dims. Pipelines and bind groups are made once per session, never per size;
-// inputMetadata / outputMetadata show a varying dim by its symbol's name.
+// A dynamic module (sizes in ranges, `--dim sequence=1..512`): each run binds the symbols from the
+// fed dims (bindDims), writes them into the `params` buffer, dispatches with register counts and
+// moves only its own bytes; outputs come back at the run's dims. Nothing is compiled per size.
 
 const TIMEOUT_MS = 30000;
 const DTYPES = ['f32', 'i32', 'u32', 'bool'];
@@ -70,7 +66,7 @@ export class WebireeError extends Error {
   }
 }
 const fail = (kind, message, hint) => { throw new WebireeError(kind, message, hint); };
-const show = (dims) => `[${dims.map((d) => d ?? '?').join(', ')}]`;
+const show = (dims) => `[${dims.join(', ')}]`;
 const numel = (dims) => dims.reduce((a, b) => a * b, 1);
 const round4 = (n) => Math.ceil(n / 4) * 4;
 const camel = (s) => s.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
@@ -186,11 +182,7 @@ export function readModule(data) {
   r = new Reader(sections.EXEC, 'EXEC');
   const executables = Array.from({length: r.u32()}, () => {
     const [name, entry, fmt, wx, wy, wz, nb] = r.u32s(7);
-    const bindings = Array.from({length: nb}, () => {
-      const [slot, kind] = r.u32s(2);
-      if (kind > BIND_READONLY) fail('model', `model.wrm: executable ${s(name)} has an unknown binding kind ${kind}`, hint);
-      return {slot, kind, writes: kind === 1};
-    });
+    const bindings = Array.from({length: nb}, () => { const [slot, kind] = r.u32s(2); return {slot, kind, writes: kind === 1}; });
     return {name: s(name), entry: s(entry), format: pick(FORMATS, fmt, 'executable format'),
       workgroupSize: [wx, wy, wz], bindings, code: r.blob()};
   });
@@ -202,10 +194,9 @@ export function readModule(data) {
   r = new Reader(sections['IOS '], 'IOS');
   const [inputs, outputs] = [0, 1].map(() => Array.from({length: r.u32()}, () => {
     const [name, dtype, onnxType, buffer, offset, size, word] = r.u32s(7);
-    const varies = word >= DYNAMIC_RANK, rank = varies ? word - DYNAMIC_RANK : word;
-    const dims = r.u32s(rank);
-    // regs: per dim the register holding its size in a run (null: fixed); [] in a static entry
-    const regs = varies ? r.u32s(rank).map((x) => (x === STATIC_DIM ? null : x)) : [];
+    const varies = word >= DYNAMIC_RANK, dims = r.u32s(varies ? word - DYNAMIC_RANK : word);
+    // per dim, the register holding its size in a run (null: fixed); [] in a static entry
+    const regs = varies ? r.u32s(dims.length).map((x) => (x === STATIC_DIM ? null : x)) : [];
     return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims, regs,
       dynamic: regs.some((x) => x !== null)};
   }));
@@ -235,84 +226,61 @@ export function readModule(data) {
   return m;
 }
 
-/** Reject a register, symbol or input dim a run would follow blindly (format.py validate_module). */
-function checkRegisters(m, hint) {
-  const check = (ok, what) => ok || fail('model', `model.wrm is inconsistent: ${what}`, hint);
-  const nsym = m.symbols.length, nreg = Math.max(m.registers, 1);
-  check(m.registers >= nsym, 'fewer registers than symbols (symbol k is register k)');
-  for (const {name, min, max} of m.symbols) check(min <= max, `symbol ${name} has an empty range ${min}..${max}`);
-  for (const b of m.buffers) check(b.kind !== 'params' || b.size >= 4 * nsym, 'the params buffer is smaller than its symbols');
-  for (const [group, ios] of [['input', m.inputs], ['output', m.outputs]]) {
-    for (const io of ios) {
-      check(io.regs.every((x) => x === null || x < m.registers), `${group} '${io.name}' names a missing register`);
-      check(group === 'output' || io.regs.every((x) => x === null || x < nsym), `input '${io.name}': a varying dim is not a symbol`);
-    }
-  }
-  for (const [op, ...a] of m.commands) {
-    if (op === OP.DISPATCH_DYN) check(a.slice(1, 4).every((x) => x < nreg), 'a dispatch reads a register out of range');
-    else if (op === OP.SET_REG) check(a[0] < nreg, 'a register index is out of range');
-    else if (op === OP.ARITH) check(a[0] in ARITH && a.slice(1).every((x) => x < nreg), 'a bad arithmetic command');
-    else if (op === OP.LOAD_DIM) check(a[0] < nreg && a[2] < (m.inputs[a[1]]?.dims.length ?? 0), 'LOAD_DIM names a missing input dim or register');
+/** Reject a binding kind, register, symbol or input dim a run would follow blindly (format.py validate_module). */
+function checkRegisters({executables, symbols, registers, buffers, inputs, outputs, commands}, hint) {
+  const nsym = symbols.length, nreg = Math.max(registers, 1), below = (n) => (x) => x === null || x < n;
+  if (!(executables.every((e) => e.bindings.every((b) => b.kind <= BIND_READONLY)) && registers >= nsym &&
+    symbols.every((x) => x.min <= x.max) && buffers.every((b) => b.kind !== 'params' || b.size >= 4 * nsym) &&
+    inputs.every((io) => io.regs.every(below(nsym))) && outputs.every((io) => io.regs.every(below(registers))) &&
+    commands.every(([op, ...a]) => (op === OP.DISPATCH_DYN ? a.slice(1, 4).every(below(nreg))
+      : op === OP.SET_REG ? a[0] < nreg : op === OP.ARITH ? a[0] in ARITH && a.slice(1).every(below(nreg))
+        : op !== OP.LOAD_DIM || (a[0] < nreg && a[2] < (inputs[a[1]]?.dims.length ?? 0)))))) {
+    fail('model', 'model.wrm names a binding kind, register, symbol or input dim it does not have', hint);
   }
 }
 
-// ---------------------------------------------------------------- shapes of a run (dynamic modules)
-/** The register file of one run: dims[i] is input i's shape; SET_REG, LOAD_DIM and ARITH in stream order. */
+// ---------------------------------------------------------------- sizes of a run (dynamic modules)
+/** The register file of a run: dims[i] is input i's shape; SET_REG, LOAD_DIM, ARITH in stream order. */
 function evalRegisters(m, dims) {
   const regs = new Array(Math.max(m.registers, 1)).fill(0);
-  for (const cmd of m.commands) {
-    if (cmd[0] === OP.SET_REG) regs[cmd[1]] = cmd[2];
-    else if (cmd[0] === OP.LOAD_DIM) regs[cmd[1]] = dims[cmd[2]][cmd[3]];
-    else if (cmd[0] === OP.ARITH) regs[cmd[2]] = ARITH[cmd[1]](regs[cmd[3]], regs[cmd[4]]);
+  for (const [op, a, b, x, y] of m.commands) {
+    if (op === OP.SET_REG) regs[a] = b;
+    else if (op === OP.LOAD_DIM) regs[a] = dims[b][x];
+    else if (op === OP.ARITH) regs[b] = ARITH[a](regs[x], regs[y]);
   }
   return regs;
 }
 
-/** An input's or output's shape in a run with registers `regs` (its fixed shape in a static entry). */
-const shapeOf = (io, regs) => (io.regs.length ? io.dims.map((d, i) => (io.regs[i] === null ? d : regs[io.regs[i]])) : io.dims);
-
-/** The shape a build declares: ints, a symbol's name where the dim is a symbol, null where it is
- * computed from them (as onnxruntime shows symbolic dims). */
-function declaredShape(m, io) {
-  if (!io.regs.length) return [...io.dims];
-  return io.dims.map((d, i) => {
-    const r = io.regs[i];
-    return r === null ? d : (m.symbols[r]?.name ?? null);
-  });
-}
-
-/** A dynamic input's fed rank (its dims are checked by bindDims). */
-function checkRank(m, io, dims) {
-  if (dims.length !== io.dims.length) {
-    fail('feed', `input '${io.name}' has rank ${dims.length}; the model's input has rank ${io.dims.length}`,
-      `feed a shape like ${show(declaredShape(m, io))}`);
-  }
-}
+/** A shape in a run with registers `regs`; with `names`, as declared: a symbol's name where the dim
+ * is one, null where it is computed from them (as onnxruntime shows symbolic dims). */
+const shapeOf = (io, regs, names) => io.dims.map((d, i) => {
+  const r = io.regs[i] ?? null;
+  return r === null ? d : names ? names[r]?.name ?? null : regs[r];
+});
 
 /**
- * The register file of one run of a dynamic module: every symbol's value taken from the fed
- * shapes (shapes[i]: input i's dims), each checked against its declared range and against its
- * other occurrences (hal_webgpu/feeds.py bind_dims, with its messages). Ranks and static inputs
- * are checked by _encode / _checkGpuFeed first.
+ * The register file of a run of a dynamic module: every symbol's value taken from the fed dims
+ * (shapes[i]: input i's), checked against its range and its other occurrences, with the messages
+ * of hal_webgpu/feeds.py bind_dims. _encode / _checkGpuFeed have checked the static inputs.
  */
 function bindDims(m, shapes) {
   const seen = new Map();   // symbol -> [value, input name, dim]
   m.inputs.forEach((io, i) => {
+    const like = `feed a shape like ${show(shapeOf(io, null, m.symbols))}`;
+    if (shapes[i].length !== io.dims.length) {
+      fail('feed', `input '${io.name}' has rank ${shapes[i].length}; the model's input has rank ${io.dims.length}`, like);
+    }
     io.regs.forEach((r, axis) => {
       const d = shapes[i][axis];
       if (r === null) {
-        if (d !== io.dims[axis]) {
-          fail('feed', `input '${io.name}' has ${d} at dim ${axis}; the model fixes it at ${io.dims[axis]}`,
-            `feed a shape like ${show(declaredShape(m, io))}`);
-        }
+        if (d !== io.dims[axis]) fail('feed', `input '${io.name}' has ${d} at dim ${axis}; the model fixes it at ${io.dims[axis]}`, like);
         return;
       }
-      const {name, min, max} = m.symbols[r];
+      const {name, min, max} = m.symbols[r], other = seen.get(r);
       if (!(d >= min && d <= max)) {
         fail('feed', `input '${io.name}': dim ${axis} (${name}) is ${d}, outside the build's range ${min}..${max}`,
           `rebuild with a wider range, e.g. --dim ${name}=${Math.min(min, d)}..${Math.max(max, d)}`);
       }
-      const other = seen.get(r);
       if (other && other[0] !== d) {
         fail('feed', `dim ${name} is ${d} in input '${io.name}' (dim ${axis}) but ${other[0]} in input '${other[1]}' (dim ${other[2]})`,
           `every occurrence of ${name} must be equal`);
@@ -660,7 +628,7 @@ export class InferenceSession {
     this.outputNames = module.outputs.map((io) => io.name);
     this.dynamic = module.symbols.length > 0;   // sizes in ranges: each run binds them (bindDims)
     const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`,
-      shape: declaredShape(module, io)});
+      shape: shapeOf(io, null, module.symbols)});
     this.inputMetadata = module.inputs.map(meta);
     this.outputMetadata = module.outputs.map(meta);
     this.profile = null;
@@ -793,11 +761,9 @@ export class InferenceSession {
       }
     })).finally(() => clearTimeout(watch)), loading]);
     const names = (m.info.dispatches ?? []).map((x) => x.name);
-    // registers at the inputs' fixed (a dynamic module: largest) shapes; a dynamic module's runs evaluate their own
-    const regs = evalRegisters(m, m.inputs.map((io) => io.dims));
+    const regs = evalRegisters(m, m.inputs.map((io) => io.dims));   // a dynamic module's runs evaluate their own
     this.uploads = [];
-    this.items = [];
-    this.readbacks = [];
+    this.items = [];   // the dispatches; _plan adds the readback copies
     let readbackSize = 0;
     for (const cmd of m.commands) {
       const op = cmd[0];
@@ -808,26 +774,16 @@ export class InferenceSession {
         const p = pipelines[ex] ?? fail('model', `model.wrm: dispatch of unknown executable ${ex}`);
         const bindGroup = d.createBindGroup({layout: p.layout, entries: binds.map(([slot, buf, offset, size]) => (
           {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
-        const index = this.items.length;
-        const item = {pipeline: p.pipeline, bindGroup, grid: [gx, gy, gz], name: names[index] ?? m.executables[ex].name, index};
-        if (op === OP.DISPATCH_DYN) {
-          item.grid = [regs[gx], regs[gy], regs[gz]];
-          if (this.dynamic) item.regs = [gx, gy, gz];   // each run reads its counts from these registers
-        }
-        this.items.push(item);
+        const dyn = op === OP.DISPATCH_DYN, index = this.items.length;
+        this.items.push({pipeline: p.pipeline, bindGroup, grid: dyn ? [regs[gx], regs[gy], regs[gz]] : [gx, gy, gz],
+          regs: dyn && this.dynamic ? [gx, gy, gz] : null, name: names[index] ?? m.executables[ex].name, index});
       } else if (op === OP.READBACK) {
-        const io = m.outputs[cmd[1]];
-        this.readbacks.push({io, at: readbackSize});
-        readbackSize += Math.ceil(io.size / 4) * 4;
-      }   // SET_REG / LOAD_DIM / ARITH: evaluated by evalRegisters
+        readbackSize += round4(m.outputs[cmd[1]].size);
+      }   // SET_REG / LOAD_DIM / ARITH: evalRegisters
     }
     this.readback = d.createBuffer({label: 'readback', size: Math.max(readbackSize, 4), usage: U.MAP_READ | U.COPY_DST});
-    for (const {io, at} of this.readbacks) {
-      this.items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size: Math.ceil(io.size / 4) * 4});
-    }
-    this.dispatchCount = this.items.filter((it) => it.bindGroup).length;
-    this._dispatchItems = this.items.filter((it) => it.bindGroup);
-    this._plans = new Map([[m.outputs.map((io) => io.name).join('\0'), {items: this.items, readbacks: this.readbacks, size: readbackSize}]]);
+    this.dispatchCount = this.items.length;
+    this._plans = new Map();
     this._resident = new Set();
     const errors = [await this._gpu(d.popErrorScope(), 'popErrorScope()'), await this._gpu(d.popErrorScope(), 'popErrorScope()')];
     const error = errors.find(Boolean);
@@ -835,45 +791,30 @@ export class InferenceSession {
     return source;
   }
 
-  /** The commands reading back only the outputs in `read` (names), packed in the readback buffer. */
-  _plan(read) {
+  /** The commands of a run reading back the outputs in `read` (names) at their shapes `dims(io)`, packed in
+   * the readback buffer; a dynamic module's counts come from its registers `regs` (0 skips a dispatch). */
+  _plan(read, dims, regs) {
     const key = read.join('\0');
-    let plan = this._plans.get(key);
+    let plan = regs ? null : this._plans.get(key);
     if (!plan) {
-      const items = [...this._dispatchItems], readbacks = [];
+      const items = [], readbacks = [];
+      for (const it of this.items) {
+        const grid = regs && it.regs?.map((r) => regs[r]);
+        if (!grid) items.push(it);
+        else if (Math.min(...grid) > 0) items.push({...it, grid});
+      }
       let at = 0;
       for (const io of this.module.outputs) {
         if (!read.includes(io.name)) continue;
-        const size = Math.ceil(io.size / 4) * 4;
+        const size = round4(4 * numel(dims(io)));
         readbacks.push({io, at});
         items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size});
         at += size;
       }
       plan = {items, readbacks, size: at};
-      this._plans.set(key, plan);
+      if (!regs) this._plans.set(key, plan);
     }
     return plan;
-  }
-
-  /** A dynamic module's `plan` in one run: workgroup counts read from the registers `regs` (a count
-   * of 0 skips the dispatch), and the outputs read back at their sizes in this run (`dims`: output
-   * name -> shape), packed from the start of the readback buffer. */
-  _atRunSize(plan, regs, dims) {
-    const items = [], readbacks = [];
-    for (const it of plan.items) {
-      if (!it.bindGroup) continue;
-      if (!it.regs) { items.push(it); continue; }
-      const grid = it.regs.map((r) => regs[r]);
-      if (Math.min(...grid) > 0) items.push({...it, grid});
-    }
-    let at = 0;
-    for (const {io} of plan.readbacks) {
-      const size = round4(4 * numel(dims[io.name]));
-      readbacks.push({io, at});
-      if (size) items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size});
-      at += size;
-    }
-    return {items, readbacks, size: at};
   }
 
   /** Check a GPU tensor fed as input `io`. */
@@ -883,9 +824,7 @@ export class InferenceSession {
     if (t.location !== 'gpu-buffer') fail('feed', `input '${io.name}' is GPU tensor '${name}', which was disposed`, 'feed a GPU tensor before disposing it');
     const want = ONNX_TYPES[io.onnxType]?.[0];
     if (t.type !== want || t._io.dtype !== io.dtype) fail('feed', `input '${io.name}' must be ${want}, got GPU tensor '${name}' of ${t.type}`, `feed a tensor of type ${want}`);
-    if (io.dynamic) {
-      checkRank(this.module, io, t.dims);   // its dims are checked by bindDims
-    } else if (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i])) {
+    if (!io.dynamic && (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i]))) {
       fail('feed', `input '${io.name}' has shape ${show(t.dims)} (GPU tensor '${name}'); the model was compiled for ${show(io.dims)}`, 'feed exactly that shape');
     }
   }
@@ -919,9 +858,7 @@ export class InferenceSession {
     if (!tensor || typeof tensor !== 'object' || !('data' in tensor)) fail('feed', `input '${io.name}' must be a webiree.Tensor`);
     if (tensor.type !== want) fail('feed', `input '${io.name}' must be ${want}, got ${tensor.type}`, `convert it to ${want}`);
     const dims = Array.from(tensor.dims ?? [], Number);
-    if (io.dynamic) {
-      checkRank(this.module, io, dims);   // its dims are checked by bindDims
-    } else if (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i])) {
+    if (!io.dynamic && (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i]))) {   // else bindDims
       fail('feed', `input '${io.name}' has shape ${show(dims)}; the model was compiled for ${show(io.dims)}`,
         'feed exactly that shape, or rebuild with --input-shape');
     }
@@ -1012,8 +949,7 @@ export class InferenceSession {
     // a dynamic module: this run's sizes, from the fed dims (checked against the ranges)
     const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims, Number))) : null;
     const dimsOf = (io) => (regs ? shapeOf(io, regs) : io.dims);
-    let plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)));
-    if (regs) plan = this._atRunSize(plan, regs, Object.fromEntries(m.outputs.map((io) => [io.name, dimsOf(io)])));
+    const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)), dimsOf, regs);
     const dispatches = plan.items.filter((it) => it.bindGroup);
 
     d.pushErrorScope('validation');
