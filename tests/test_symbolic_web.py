@@ -1,8 +1,8 @@
 """Dynamic modules (sizes in ranges) on the web runtimes: one BERT build with symbolic `batch`
 and `sequence` (transformers, exported as a user exports one) runs through web/webiree.js in
-Chromium and through Pyodide at several sizes, each compared with onnxruntime; a feed outside
-the ranges or with inconsistent sizes is a feed error; and no pipeline (nor shader) is created
-after the session, natively either.
+Chromium (and on Dawn in Node) and through Pyodide at several sizes, each compared with
+onnxruntime; a feed outside the ranges or with inconsistent sizes is a feed error; and no
+pipeline (nor shader) is created after the session, natively either.
 
 The site is built once per module and served by conftest's `server` (its `site_root`); every
 page.evaluate carries its own timeout (test_browser.evaluate).
@@ -23,6 +23,7 @@ from webiree.testing.models import bert_feeds, export_bert_dynamic
 
 from .browser_util import write_blank_page
 from .conftest import assert_close, ort_run
+from .dawn_util import run_dawn
 from .test_browser import b64_feeds, evaluate
 from .test_pyodide import open_python_page, py
 
@@ -196,6 +197,16 @@ def test_webiree_js_creates_no_pipeline_per_length(page, server, model):
     for feeds, res in zip(runs, r["results"], strict=True):
         assert "error" not in res, res
         check_run(res["out"], model, feeds)
+
+
+@pytest.mark.browser
+def test_webiree_js_on_dawn(server, model):
+    """The same webiree.js on Dawn in Node (tests/dawn/run_site.mjs, OpenGL ES compatibility mode)."""
+    for b, s in SIZES:
+        feeds = bert_feeds(b, s)
+        got = run_dawn(f"{server}bert/", feeds)
+        for name, want in zip(OUTPUT_NAMES, ort_run(model, feeds), strict=True):
+            assert_close(got[name], want, name=f"{name} at {list(want.shape)} on Dawn")
 
 
 # ---------------------------------------------------------------- Pyodide

@@ -947,7 +947,7 @@ export class InferenceSession {
       return this._encode(io, t);
     });
     // a dynamic module: this run's sizes, from the fed dims (checked against the ranges)
-    const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims, Number))) : null;
+    const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims ?? [], Number))) : null;
     const dimsOf = (io) => (regs ? shapeOf(io, regs) : io.dims);
     const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)), dimsOf, regs);
     const dispatches = plan.items.filter((it) => it.bindGroup);
