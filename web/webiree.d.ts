@@ -13,6 +13,7 @@ export class Tensor<T extends TensorType = TensorType> {
   constructor(data: TensorDataMap[T], dims?: readonly number[]);
   readonly type: T;
   readonly data: TensorDataMap[T];
+  /** the shape; an output of a dynamic module has its run's shape */
   readonly dims: number[];
   readonly size: number;
   /** 'cpu' for tensors made with `new Tensor`; 'gpu-buffer' for an output kept on the GPU
@@ -38,7 +39,10 @@ export interface ValueMetadata {
   name: string;
   isTensor: true;
   type: TensorType;
-  shape: number[];
+  /** the declared shape: a number where the dim is fixed (the whole shape of a static build); in a
+   * dynamic build (sizes in ranges) a varying dim is its symbol's name ('sequence'), or null where
+   * it is computed from the symbols (as onnxruntime shows symbolic dims) */
+  shape: (number | string | null)[];
 }
 
 export interface LoadProgress {
@@ -99,20 +103,28 @@ export interface RunOptions {
 }
 
 export interface ScheduleModule {
+  /** binding kind: 0 storage (read), 1 storage (written), 2 read-only storage (the params buffer) */
   executables: {name: string; entry: string; format: 'wgsl' | 'spirv'; workgroupSize: number[];
-    bindings: {slot: number; writes: boolean}[]; code: Uint8Array}[];
-  buffers: {kind: 'weights' | 'input' | 'arena'; size: number; blobOffset: number; name: string}[];
+    bindings: {slot: number; kind: 0 | 1 | 2; writes: boolean}[]; code: Uint8Array}[];
+  buffers: {kind: 'weights' | 'input' | 'arena' | 'params'; size: number; blobOffset: number; name: string}[];
   inputs: IOInfo[];
   outputs: IOInfo[];
   commands: unknown[][];
   registers: number;
   limits: Record<string, number>;
   info: Record<string, unknown>;
+  /** a dynamic module's symbols (SYMS) with their declared ranges; symbol k is register k; [] when static */
+  symbols: {name: string; min: number; max: number}[];
 }
 
 export interface IOInfo {
   name: string; dtype: 'f32' | 'i32' | 'u32' | 'bool'; onnxType: number;
+  /** size: bytes at the largest shape; dims: the largest shape (the shape itself where fixed) */
   buffer: number; offset: number; size: number; dims: number[];
+  /** per dim, the register holding its size in a run (null: fixed); [] in a static entry */
+  regs: (number | null)[];
+  /** whether some dim varies */
+  dynamic: boolean;
 }
 
 export class InferenceSession {
@@ -131,7 +143,8 @@ export class InferenceSession {
   readonly weightsSource: 'cache' | 'network';
   /** feeds may hold GPU tensors this session returned (run(feeds, {keep})) */
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
-  /** bytes the last run read back from the GPU (kept outputs are not read) */
+  /** bytes the last run read back from the GPU (kept outputs are not read; a dynamic module reads
+   * its outputs at their sizes in that run) */
   readonly lastReadbackBytes?: number;
   /** true once the GPU device is lost (a driver reset, a GPU process crash, a background tab on
    * mobile): run() then fails with a WebireeError of kind 'device' until recover() succeeds.

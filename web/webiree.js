@@ -9,16 +9,24 @@
 //   const session = await webiree.InferenceSession.create('./', {onProgress});
 //   const results = await session.run({x: new webiree.Tensor('float32', data, [1, 64])});
 //   results.probs.data  // Float32Array
+//
+// A dynamic module (sizes in ranges, `--dim sequence=1..512`): each run binds the symbols from the
+// fed dims (bindDims), writes them into the `params` buffer, dispatches with register counts and
+// moves only its own bytes; outputs come back at the run's dims. Nothing is compiled per size.
 
 const TIMEOUT_MS = 30000;
 const DTYPES = ['f32', 'i32', 'u32', 'bool'];
-const KINDS = ['weights', 'input', 'arena'];
+const KINDS = ['weights', 'input', 'arena', 'params'];
 const FORMATS = ['wgsl', 'spirv'];
 const OP = {UPLOAD_INPUT: 1, DISPATCH: 2, READBACK: 5, DISPATCH_DYN: 6,
   SET_REG: 0x10, LOAD_DIM: 0x11, ARITH: 0x12};
 const ARITY = {1: 1, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4};
-const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => Math.floor(a / b),
-  (a, b) => Math.ceil(a / b), Math.min, Math.max];
+// add, sub, mul, div_floor, div_ceil (0 for a zero divisor), min, max
+const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => (b ? Math.floor(a / b) : 0),
+  (a, b) => (b ? Math.ceil(a / b) : 0), Math.min, Math.max];
+const DYNAMIC_RANK = 0x80000000;  // IOS: a rank word with this bit is followed by one register word per dim
+const STATIC_DIM = 0xffffffff;    // ... where this register word marks a dim that does not vary
+const BIND_READONLY = 2;          // EXEC binding kinds: 0 storage (read), 1 storage (written), 2 read-only storage
 // ONNX element type -> [tensor type name, typed array class]
 const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: ['int8', Int8Array],
   4: ['uint16', Uint16Array], 5: ['int16', Int16Array], 6: ['int32', Int32Array], 7: ['int64', BigInt64Array],
@@ -59,6 +67,8 @@ export class WebireeError extends Error {
 }
 const fail = (kind, message, hint) => { throw new WebireeError(kind, message, hint); };
 const show = (dims) => `[${dims.join(', ')}]`;
+const numel = (dims) => dims.reduce((a, b) => a * b, 1);
+const round4 = (n) => Math.ceil(n / 4) * 4;
 const camel = (s) => s.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
 
 /** Reject with a clear message if `promise` takes longer than `ms` (a GPU hang must fail fast). */
@@ -106,14 +116,14 @@ export class Tensor {
   }
 }
 
-/** An output kept on the GPU (run(feeds, {keep})): location 'gpu-buffer', its own gpuBuffer. */
-function gpuTensor(session, io, buffer) {
+/** An output kept on the GPU (run(feeds, {keep})): location 'gpu-buffer', its own gpuBuffer, the dims of its run. */
+function gpuTensor(session, io, buffer, dims) {
   const t = Object.create(Tensor.prototype);
   Object.defineProperty(t, 'data', {get() {
     fail('feed', `tensor '${io.name}' is on the GPU (location '${t.location}')`, 'use await tensor.getData()');
   }});
-  Object.assign(t, {type: ONNX_TYPES[io.onnxType]?.[0] ?? 'float32', dims: [...io.dims],
-    size: io.dims.reduce((a, b) => a * b, 1), location: 'gpu-buffer', gpuBuffer: buffer, _session: session, _io: io});
+  Object.assign(t, {type: ONNX_TYPES[io.onnxType]?.[0] ?? 'float32', dims: [...dims],
+    size: numel(dims), location: 'gpu-buffer', gpuBuffer: buffer, _session: session, _io: io});
   return t;
 }
 
@@ -172,7 +182,7 @@ export function readModule(data) {
   r = new Reader(sections.EXEC, 'EXEC');
   const executables = Array.from({length: r.u32()}, () => {
     const [name, entry, fmt, wx, wy, wz, nb] = r.u32s(7);
-    const bindings = Array.from({length: nb}, () => { const [slot, writes] = r.u32s(2); return {slot, writes: !!writes}; });
+    const bindings = Array.from({length: nb}, () => { const [slot, kind] = r.u32s(2); return {slot, kind, writes: kind === 1}; });
     return {name: s(name), entry: s(entry), format: pick(FORMATS, fmt, 'executable format'),
       workgroupSize: [wx, wy, wz], bindings, code: r.blob()};
   });
@@ -183,8 +193,12 @@ export function readModule(data) {
   });
   r = new Reader(sections['IOS '], 'IOS');
   const [inputs, outputs] = [0, 1].map(() => Array.from({length: r.u32()}, () => {
-    const [name, dtype, onnxType, buffer, offset, size, rank] = r.u32s(7);
-    return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims: r.u32s(rank)};
+    const [name, dtype, onnxType, buffer, offset, size, word] = r.u32s(7);
+    const varies = word >= DYNAMIC_RANK, dims = r.u32s(varies ? word - DYNAMIC_RANK : word);
+    // per dim, the register holding its size in a run (null: fixed); [] in a static entry
+    const regs = varies ? r.u32s(dims.length).map((x) => (x === STATIC_DIM ? null : x)) : [];
+    return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims, regs,
+      dynamic: regs.some((x) => x !== null)};
   }));
   r = new Reader(sections.CMDS, 'CMDS');
   const [count, registers] = r.u32s(2);
@@ -197,12 +211,84 @@ export function readModule(data) {
     if (!(op in ARITY)) fail('model', `model.wrm: unknown opcode 0x${op.toString(16)}`, hint);
     return [op, ...r.u32s(ARITY[op])];
   });
+  const symbols = [];
+  if (sections.SYMS) {
+    r = new Reader(sections.SYMS, 'SYMS');
+    for (let n = r.u32(); n > 0; n--) { const [name, min, max] = r.u32s(3); symbols.push({name: s(name), min, max}); }
+  }
   let info = {};
   if (sections.INFO) {
     try { info = JSON.parse(text.decode(new Reader(sections.INFO, 'INFO').blob()) || '{}'); } catch { info = {}; }
   }
   for (const b of buffers) if (b.size % 4) fail('model', `model.wrm: buffer ${b.name} size ${b.size} is not a multiple of 4`);
-  return {executables, buffers, inputs, outputs, commands, registers, limits, info};
+  const m = {executables, buffers, inputs, outputs, commands, registers, limits, info, symbols};
+  checkRegisters(m, hint);
+  return m;
+}
+
+/** Reject a binding kind, register, symbol or input dim a run would follow blindly (format.py validate_module). */
+function checkRegisters({executables, symbols, registers, buffers, inputs, outputs, commands}, hint) {
+  const nsym = symbols.length, nreg = Math.max(registers, 1), below = (n) => (x) => x === null || x < n;
+  if (!(executables.every((e) => e.bindings.every((b) => b.kind <= BIND_READONLY)) && registers >= nsym &&
+    symbols.every((x) => x.min <= x.max) && buffers.every((b) => b.kind !== 'params' || b.size >= 4 * nsym) &&
+    inputs.every((io) => io.regs.every(below(nsym))) && outputs.every((io) => io.regs.every(below(registers))) &&
+    commands.every(([op, ...a]) => (op === OP.DISPATCH_DYN ? a.slice(1, 4).every(below(nreg))
+      : op === OP.SET_REG ? a[0] < nreg : op === OP.ARITH ? a[0] in ARITH && a.slice(1).every(below(nreg))
+        : op !== OP.LOAD_DIM || (a[0] < nreg && a[2] < (inputs[a[1]]?.dims.length ?? 0)))))) {
+    fail('model', 'model.wrm names a binding kind, register, symbol or input dim it does not have', hint);
+  }
+}
+
+// ---------------------------------------------------------------- sizes of a run (dynamic modules)
+/** The register file of a run: dims[i] is input i's shape; SET_REG, LOAD_DIM, ARITH in stream order. */
+function evalRegisters(m, dims) {
+  const regs = new Array(Math.max(m.registers, 1)).fill(0);
+  for (const [op, a, b, x, y] of m.commands) {
+    if (op === OP.SET_REG) regs[a] = b;
+    else if (op === OP.LOAD_DIM) regs[a] = dims[b][x];
+    else if (op === OP.ARITH) regs[b] = ARITH[a](regs[x], regs[y]);
+  }
+  return regs;
+}
+
+/** A shape in a run with registers `regs`; with `names`, as declared: a symbol's name where the dim
+ * is one, null where it is computed from them (as onnxruntime shows symbolic dims). */
+const shapeOf = (io, regs, names) => io.dims.map((d, i) => {
+  const r = io.regs[i] ?? null;
+  return r === null ? d : names ? names[r]?.name ?? null : regs[r];
+});
+
+/**
+ * The register file of a run of a dynamic module: every symbol's value taken from the fed dims
+ * (shapes[i]: input i's), checked against its range and its other occurrences, with the messages
+ * of hal_webgpu/feeds.py bind_dims. _encode / _checkGpuFeed have checked the static inputs.
+ */
+function bindDims(m, shapes) {
+  const seen = new Map();   // symbol -> [value, input name, dim]
+  m.inputs.forEach((io, i) => {
+    const like = `feed a shape like ${show(shapeOf(io, null, m.symbols))}`;
+    if (shapes[i].length !== io.dims.length) {
+      fail('feed', `input '${io.name}' has rank ${shapes[i].length}; the model's input has rank ${io.dims.length}`, like);
+    }
+    io.regs.forEach((r, axis) => {
+      const d = shapes[i][axis];
+      if (r === null) {
+        if (d !== io.dims[axis]) fail('feed', `input '${io.name}' has ${d} at dim ${axis}; the model fixes it at ${io.dims[axis]}`, like);
+        return;
+      }
+      const {name, min, max} = m.symbols[r], other = seen.get(r);
+      if (!(d >= min && d <= max)) {
+        fail('feed', `input '${io.name}': dim ${axis} (${name}) is ${d}, outside the build's range ${min}..${max}`,
+          `rebuild with a wider range, e.g. --dim ${name}=${Math.min(min, d)}..${Math.max(max, d)}`);
+      }
+      if (other && other[0] !== d) {
+        fail('feed', `dim ${name} is ${d} in input '${io.name}' (dim ${axis}) but ${other[0]} in input '${other[1]}' (dim ${other[2]})`,
+          `every occurrence of ${name} must be equal`);
+      }
+      seen.set(r, [d, io.name, axis]);
+    });
+  });
+  return evalRegisters(m, shapes);
 }
 
 // ---------------------------------------------------------------- loading
@@ -540,7 +626,9 @@ export class InferenceSession {
     this.timeoutMs = timeoutMs;
     this.inputNames = module.inputs.map((io) => io.name);
     this.outputNames = module.outputs.map((io) => io.name);
-    const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`, shape: [...io.dims]});
+    this.dynamic = module.symbols.length > 0;   // sizes in ranges: each run binds them (bindDims)
+    const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`,
+      shape: shapeOf(io, null, module.symbols)});
     this.inputMetadata = module.inputs.map(meta);
     this.outputMetadata = module.outputs.map(meta);
     this.profile = null;
@@ -635,6 +723,7 @@ export class InferenceSession {
     d.pushErrorScope('validation');
     this.buffers = m.buffers.map((b, i) => d.createBuffer({label: b.name || `${b.kind}${i}`, size: Math.max(b.size, 4),
       usage: U.STORAGE | U.COPY_SRC | U.COPY_DST}));
+    this.params = this.buffers.filter((_, i) => m.buffers[i].kind === 'params');  // the dims buffers, written per run
     const loading = loadWeights((b, bytes, offset) => d.queue.writeBuffer(this.buffers[b.index], 0, bytes, offset, b.size));
     // Pipelines compile in parallel; a slow compiler (SwiftShader) may take minutes for all of
     // them, so the timeout is "no pipeline finished for timeoutMs", not a limit per pipeline.
@@ -653,8 +742,8 @@ export class InferenceSession {
       let code = new TextDecoder().decode(e.code);
       // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
       if (code.includes('subgroupBroadcast(')) code = 'enable subgroups;\n' + code;
-      const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot}) => (
-        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'storage'}}))});
+      const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot, kind}) => (
+        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: kind === BIND_READONLY ? 'read-only-storage' : 'storage'}}))});
       const shader = d.createShaderModule({label: e.name, code});
       try {
         const pipeline = await Promise.race([d.createComputePipelineAsync({label: e.name,
@@ -672,43 +761,29 @@ export class InferenceSession {
       }
     })).finally(() => clearTimeout(watch)), loading]);
     const names = (m.info.dispatches ?? []).map((x) => x.name);
-    const regs = new Array(Math.max(m.registers, 1)).fill(0);
+    const regs = evalRegisters(m, m.inputs.map((io) => io.dims));   // a dynamic module's runs evaluate their own
     this.uploads = [];
-    this.items = [];
-    this.readbacks = [];
+    this.items = [];   // the dispatches; _plan adds the readback copies
     let readbackSize = 0;
     for (const cmd of m.commands) {
       const op = cmd[0];
       if (op === OP.UPLOAD_INPUT) {
         this.uploads.push(cmd[1]);
       } else if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
-        let [, ex, gx, gy, gz, binds] = cmd;
-        if (op === OP.DISPATCH_DYN) [gx, gy, gz] = [regs[gx], regs[gy], regs[gz]];
+        const [, ex, gx, gy, gz, binds] = cmd;
         const p = pipelines[ex] ?? fail('model', `model.wrm: dispatch of unknown executable ${ex}`);
         const bindGroup = d.createBindGroup({layout: p.layout, entries: binds.map(([slot, buf, offset, size]) => (
           {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
-        const name = names[this.items.filter((it) => it.bindGroup).length] ?? m.executables[ex].name;
-        this.items.push({pipeline: p.pipeline, bindGroup, grid: [gx, gy, gz], name});
+        const dyn = op === OP.DISPATCH_DYN, index = this.items.length;
+        this.items.push({pipeline: p.pipeline, bindGroup, grid: dyn ? [regs[gx], regs[gy], regs[gz]] : [gx, gy, gz],
+          regs: dyn && this.dynamic ? [gx, gy, gz] : null, name: names[index] ?? m.executables[ex].name, index});
       } else if (op === OP.READBACK) {
-        const io = m.outputs[cmd[1]];
-        this.readbacks.push({io, at: readbackSize});
-        readbackSize += Math.ceil(io.size / 4) * 4;
-      } else if (op === OP.SET_REG) {
-        regs[cmd[1]] = cmd[2];
-      } else if (op === OP.LOAD_DIM) {
-        regs[cmd[1]] = m.inputs[cmd[2]].dims[cmd[3]];
-      } else if (op === OP.ARITH) {
-        const [, a, dst, x, y] = cmd;
-        regs[dst] = (ARITH[a] ?? fail('model', `model.wrm: unknown arithmetic op ${a}`))(regs[x], regs[y]);
-      }
+        readbackSize += round4(m.outputs[cmd[1]].size);
+      }   // SET_REG / LOAD_DIM / ARITH: evalRegisters
     }
     this.readback = d.createBuffer({label: 'readback', size: Math.max(readbackSize, 4), usage: U.MAP_READ | U.COPY_DST});
-    for (const {io, at} of this.readbacks) {
-      this.items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size: Math.ceil(io.size / 4) * 4});
-    }
-    this.dispatchCount = this.items.filter((it) => it.bindGroup).length;
-    this._dispatchItems = this.items.filter((it) => it.bindGroup);
-    this._plans = new Map([[m.outputs.map((io) => io.name).join('\0'), {items: this.items, readbacks: this.readbacks, size: readbackSize}]]);
+    this.dispatchCount = this.items.length;
+    this._plans = new Map();
     this._resident = new Set();
     const errors = [await this._gpu(d.popErrorScope(), 'popErrorScope()'), await this._gpu(d.popErrorScope(), 'popErrorScope()')];
     const error = errors.find(Boolean);
@@ -716,22 +791,28 @@ export class InferenceSession {
     return source;
   }
 
-  /** The commands reading back only the outputs in `read` (names), packed in the readback buffer. */
-  _plan(read) {
+  /** The commands of a run reading back the outputs in `read` (names) at their shapes `dims(io)`, packed in
+   * the readback buffer; a dynamic module's counts come from its registers `regs` (0 skips a dispatch). */
+  _plan(read, dims, regs) {
     const key = read.join('\0');
-    let plan = this._plans.get(key);
+    let plan = regs ? null : this._plans.get(key);
     if (!plan) {
-      const items = [...this._dispatchItems], readbacks = [];
+      const items = [], readbacks = [];
+      for (const it of this.items) {
+        const grid = regs && it.regs?.map((r) => regs[r]);
+        if (!grid) items.push(it);
+        else if (Math.min(...grid) > 0) items.push({...it, grid});
+      }
       let at = 0;
       for (const io of this.module.outputs) {
         if (!read.includes(io.name)) continue;
-        const size = Math.ceil(io.size / 4) * 4;
+        const size = round4(4 * numel(dims(io)));
         readbacks.push({io, at});
         items.push({src: this.buffers[io.buffer], srcOffset: io.offset, dst: this.readback, dstOffset: at, size});
         at += size;
       }
       plan = {items, readbacks, size: at};
-      this._plans.set(key, plan);
+      if (!regs) this._plans.set(key, plan);
     }
     return plan;
   }
@@ -743,7 +824,7 @@ export class InferenceSession {
     if (t.location !== 'gpu-buffer') fail('feed', `input '${io.name}' is GPU tensor '${name}', which was disposed`, 'feed a GPU tensor before disposing it');
     const want = ONNX_TYPES[io.onnxType]?.[0];
     if (t.type !== want || t._io.dtype !== io.dtype) fail('feed', `input '${io.name}' must be ${want}, got GPU tensor '${name}' of ${t.type}`, `feed a tensor of type ${want}`);
-    if (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i])) {
+    if (!io.dynamic && (t.dims.length !== io.dims.length || t.dims.some((d, i) => d !== io.dims[i]))) {
       fail('feed', `input '${io.name}' has shape ${show(t.dims)} (GPU tensor '${name}'); the model was compiled for ${show(io.dims)}`, 'feed exactly that shape');
     }
   }
@@ -753,7 +834,7 @@ export class InferenceSession {
     const result = this._queue.then(async () => {
       if (this._released) fail('device', 'the session was released', 'create a new session');
       if (t.location !== 'gpu-buffer') fail('feed', `tensor '${t._io.name}' was disposed`);
-      const size = Math.max(Math.ceil(t._io.size / 4) * 4, 4);
+      const size = Math.max(round4(4 * t.size), 4);
       const staging = this.device.createBuffer({label: `read ${t._io.name}`, size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
       try {
         const enc = this.device.createCommandEncoder();
@@ -762,7 +843,7 @@ export class InferenceSession {
         await this._gpu(staging.mapAsync(GPUMapMode.READ), 'reading a GPU tensor (mapAsync)');
         const raw = new Uint8Array(staging.getMappedRange().slice(0));
         staging.unmap();
-        return this._decode(t._io, raw).data;
+        return this._decode(t._io, raw, t.dims).data;
       } finally {
         staging.destroy();
       }
@@ -777,15 +858,15 @@ export class InferenceSession {
     if (!tensor || typeof tensor !== 'object' || !('data' in tensor)) fail('feed', `input '${io.name}' must be a webiree.Tensor`);
     if (tensor.type !== want) fail('feed', `input '${io.name}' must be ${want}, got ${tensor.type}`, `convert it to ${want}`);
     const dims = Array.from(tensor.dims ?? [], Number);
-    if (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i])) {
+    if (!io.dynamic && (dims.length !== io.dims.length || dims.some((d, i) => d !== io.dims[i]))) {   // else bindDims
       fail('feed', `input '${io.name}' has shape ${show(dims)}; the model was compiled for ${show(io.dims)}`,
         'feed exactly that shape, or rebuild with --input-shape');
     }
     const data = tensor.data;
-    const n = io.dims.reduce((a, b) => a * b, 1);
+    const n = numel(dims);
     const f16Array = io.onnxType === 10 && F16_ARRAY && data instanceof F16_ARRAY;
     if (!(data instanceof ONNX_TYPES[io.onnxType][1] || f16Array) || data.length !== n) {
-      fail('feed', `input '${io.name}' has ${data?.length} ${data?.constructor?.name} elements; shape ${show(io.dims)} needs ${n} (${ONNX_TYPES[io.onnxType][1].name})`);
+      fail('feed', `input '${io.name}' has ${data?.length} ${data?.constructor?.name} elements; shape ${show(dims)} needs ${n} (${ONNX_TYPES[io.onnxType][1].name})`);
     }
     if (f16Array) return Float32Array.from(data);
     if (io.onnxType === 10) return Float32Array.from(data, f32OfF16Bits);
@@ -820,9 +901,10 @@ export class InferenceSession {
     return io.dtype === 'i32' ? Int32Array.from(data) : Uint32Array.from(data);
   }
 
-  _decode(io, bytes) {
+  /** An output's storage bytes as a Tensor of its ONNX type, with `dims` (its run's shape). */
+  _decode(io, bytes, dims = io.dims) {
     const [type, Cls] = ONNX_TYPES[io.onnxType] ?? ['float32', Float32Array];
-    const n = io.size / 4;
+    const n = numel(dims);
     const raw = io.dtype === 'f32' ? new Float32Array(bytes.buffer, bytes.byteOffset, n)
       : io.dtype === 'i32' ? new Int32Array(bytes.buffer, bytes.byteOffset, n) : new Uint32Array(bytes.buffer, bytes.byteOffset, n);
     let data;
@@ -832,7 +914,7 @@ export class InferenceSession {
     } else if (Cls === BigInt64Array || Cls === BigUint64Array) data = Cls.from(raw, BigInt);
     else if (type === 'bool') data = Uint8Array.from(raw, (v) => (v ? 1 : 0));
     else data = Cls.from(raw);
-    return new Tensor(type, data, io.dims);
+    return new Tensor(type, data, dims);
   }
 
   /** Run the model. feeds: {inputName: Tensor}; options: {profile: true} adds results.profile;
@@ -864,19 +946,28 @@ export class InferenceSession {
       if (onGpu(t)) { this._checkGpuFeed(io, t); return t; }
       return this._encode(io, t);
     });
-    const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)));
+    // a dynamic module: this run's sizes, from the fed dims (checked against the ranges)
+    const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims ?? [], Number))) : null;
+    const dimsOf = (io) => (regs ? shapeOf(io, regs) : io.dims);
+    const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)), dimsOf, regs);
+    const dispatches = plan.items.filter((it) => it.bindGroup);
 
     d.pushErrorScope('validation');
     const enc = d.createCommandEncoder();
     for (const i of this.uploads) {
       const io = m.inputs[i];
       if (onGpu(encoded[i])) {   // copied on the GPU into the input's place, before the dispatches
-        if (io.size) enc.copyBufferToBuffer(encoded[i].gpuBuffer, 0, this.buffers[io.buffer], io.offset, Math.ceil(io.size / 4) * 4);
-      } else if (encoded[i].byteLength) {
+        const size = round4(4 * numel(dimsOf(io)));
+        if (size) enc.copyBufferToBuffer(encoded[i].gpuBuffer, 0, this.buffers[io.buffer], io.offset, size);
+      } else if (encoded[i].byteLength) {   // this run's bytes only
         d.queue.writeBuffer(this.buffers[io.buffer], io.offset, encoded[i]);
       }
     }
-    const profile = options.profile && this.hasTimestamps && this.dispatchCount > 0;
+    if (regs) {   // the symbols' values, one i32 each, for the kernels to read their sizes from
+      const words = Int32Array.from(m.symbols, (_, k) => regs[k]);
+      for (const b of this.params) d.queue.writeBuffer(b, 0, words);
+    }
+    const profile = options.profile && this.hasTimestamps && dispatches.length > 0;
     if (profile && !this._query) {
       const n = 2 * this.dispatchCount;
       this._query = d.createQuerySet({type: 'timestamp', count: n});
@@ -907,16 +998,17 @@ export class InferenceSession {
     const results = {};
     for (const name of keep) {
       const io = m.outputs[this.outputNames.indexOf(name)];
-      const size = Math.ceil(io.size / 4) * 4;
+      const dims = dimsOf(io);
+      const size = round4(4 * numel(dims));
       const buffer = d.createBuffer({label: `kept ${name}`, size: Math.max(size, 4), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
       if (size) enc.copyBufferToBuffer(this.buffers[io.buffer], io.offset, buffer, 0, size);
-      const t = gpuTensor(this, io, buffer);
+      const t = gpuTensor(this, io, buffer, dims);
       this._resident.add(t);
       results[name] = t;
     }
     if (profile) {
-      enc.resolveQuerySet(this._query, 0, 2 * this.dispatchCount, this._resolve, 0);
-      enc.copyBufferToBuffer(this._resolve, 0, this._times, 0, 16 * this.dispatchCount);
+      enc.resolveQuerySet(this._query, 0, 2 * dispatches.length, this._resolve, 0);
+      enc.copyBufferToBuffer(this._resolve, 0, this._times, 0, 16 * dispatches.length);
     }
     d.queue.submit([enc.finish()]);
     const [error] = await Promise.all([
@@ -933,14 +1025,17 @@ export class InferenceSession {
       for (const name of keep) results[name].dispose();
       fail('device', `WebGPU rejected a command: ${error.message}`);
     }
-    for (const {io, at} of plan.readbacks) results[io.name] = this._decode(io, raw.subarray(at, at + io.size));
-    if (profile) {
+    for (const {io, at} of plan.readbacks) {
+      const dims = dimsOf(io);
+      results[io.name] = this._decode(io, raw.subarray(at, at + 4 * numel(dims)), dims);
+    }
+    if (profile) {   // the dispatches this run recorded (a dynamic module skips those with a count of 0)
       const ts = new BigInt64Array(this._times.getMappedRange().slice(0));
       this._times.unmap();
-      const dispatches = this.items.filter((it) => it.bindGroup);
       this.profile = dispatches.map((it, i) => ({name: it.name, ms: Number(ts[2 * i + 1] - ts[2 * i]) / 1e6}));
+      const info = {...this.module.info, dispatches: dispatches.map((it) => this.module.info.dispatches?.[it.index])};
       Object.defineProperty(results, 'profile', {value: this.profile, enumerable: false, configurable: true});
-      Object.defineProperty(results, 'trace', {value: chromeTrace(this.module.info, ts, this.dispatchCount),
+      Object.defineProperty(results, 'trace', {value: chromeTrace(info, ts, dispatches.length),
                                                enumerable: false, configurable: true});
     }
     return results;

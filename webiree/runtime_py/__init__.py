@@ -12,9 +12,11 @@
 It mirrors the native `webiree.InferenceSession` (onnxruntime style) with
 `await` on create and run. Feeds are `{name: value}` where value is
 `(data, shape)`, `(data, shape, type)`, a `Tensor`, or bare data (the model's
-shape); data is an array.array, a JS typed array (from `js`), a memoryview,
+shape; a build with sizes in ranges needs the shape); data is an array.array, a JS typed array (from `js`), a memoryview,
 bytes in the model's element type, a flat list, or a numpy array when numpy
-is there. Results are `Tensor`s holding an array.array.
+is there. Results are `Tensor`s holding an array.array, at their shape in that run
+(a dynamic build's outputs vary with the fed sizes); `get_inputs()` shows a
+varying dim by its symbol's name, as onnxruntime does.
 
 `Tokenizer` is webiree.text's (a Hugging Face tokenizer.json: WordPiece, byte-level
 BPE), the same pure-Python code as natively, with `await Tokenizer.from_url(url)`.
@@ -32,7 +34,8 @@ import json
 
 from ..dtypes import BY_ONNX, DTYPES
 from ..errors import DeviceError, FeedError, ModelError, WebireeError
-from ..hal_webgpu.feeds import check_names, check_shape, decode_output, encode_input, type_name
+from ..hal_webgpu.feeds import (bind_dims, check_names, check_shape, declared_shape, decode_output, encode_input,
+                                type_name)
 from ..hal_webgpu.interpreter import Interpreter
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from ..module.format import ModuleFormatError, read_module
@@ -170,8 +173,9 @@ def _host_array(data):
                     hint="pass an array.array, a JS typed array, bytes, a list, or (data, shape)")
 
 
-def _feed(io, value):
-    """(data, onnx_type) for Interpreter feeds, checked against the module's input `io`."""
+def _feed(module, io, value):
+    """(data, onnx_type, shape) for Interpreter feeds, checked against the module's input `io`;
+    shape is None where none was given and the input's dims vary (bind_dims then says so)."""
     shape = want = None
     if type(value).__name__.startswith("Js"):   # from JS: [typedArray, dims] or a webiree.js Tensor
         ctor = str(getattr(getattr(value, "constructor", None), "name", ""))
@@ -195,11 +199,12 @@ def _feed(io, value):
     if want is None:
         want = io.onnx_type
     if shape is None:
-        shape = natural_shape if natural_shape is not None else io.shape
-    if not isinstance(shape, (list, tuple)):
-        shape = [int(d) for d in shape]   # a JS array of dims
-    check_shape(io, shape)
-    return data, want
+        shape = natural_shape if natural_shape is not None else None if io.dynamic else io.shape
+    if shape is None:
+        return data, want, None
+    shape = tuple(int(d) for d in shape)   # also a JS array of dims
+    check_shape(io, shape, module)         # a dynamic input's rank (bind_dims checks its dims)
+    return data, want, shape
 
 
 async def fetch_bytes(url: str) -> bytes:
@@ -302,11 +307,11 @@ class InferenceSession:
         return cls(module, interp, driver, manifest, url)
 
     def get_inputs(self) -> list:
-        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type))
+        return [NodeArg(io.name, declared_shape(self.module, io), _ort_type(io.onnx_type))
                 for io in self.module.inputs]
 
     def get_outputs(self) -> list:
-        return [NodeArg(io.name, list(io.shape), _ort_type(io.onnx_type))
+        return [NodeArg(io.name, declared_shape(self.module, io), _ort_type(io.onnx_type))
                 for io in self.module.outputs]
 
     async def run(self, output_names, input_feed, *, profile: bool = False) -> list:
@@ -319,13 +324,15 @@ class InferenceSession:
             raise FeedError("feeds must be a dict {input name: (data, shape)}")
         by_name = {io.name: io for io in self.module.inputs}
         wanted = check_names(self.module, input_feed, output_names)
-        enc = {}
-        for name, value in input_feed.items():
-            io = by_name[name]
-            data, onnx_type = _feed(io, value)
-            enc[name] = encode_input(io, data, onnx_type)
+        fed = {name: _feed(self.module, by_name[name], value) for name, value in input_feed.items()}
+        shapes = {name: shape for name, (_, _, shape) in fed.items() if shape is not None}
+        if self.module.symbols:
+            bind_dims(self.module, shapes)   # every size in its range before any data is converted
+        enc = {name: encode_input(by_name[name], data, onnx_type, shape=shapes[name])
+               for name, (data, onnx_type, _) in fed.items()}
         async with self._lock:   # one run at a time: they share the input and readback buffers
-            raw, times = await self.interp.run_raw(enc, profile)
+            raw, times = await self.interp.run_raw(enc, profile, shapes=shapes)
+            run_shapes = self.interp.last_shapes
         if profile and times is not None:
             ds = self.module.info.get("dispatches") or []
             self.last_profile = [(ds[i]["name"] if i < len(ds) else f"dispatch {i}", t / 1e6)
@@ -333,7 +340,7 @@ class InferenceSession:
         outs = {}
         for io in self.module.outputs:
             data, t = decode_output(io, raw[io.name])
-            outs[io.name] = Tensor(t, data, io.shape, io.name)
+            outs[io.name] = Tensor(t, data, run_shapes[io.name], io.name)
         return [outs[n] for n in wanted]
 
     async def release(self):
