@@ -19,7 +19,7 @@ import pytest
 import webiree
 from webiree.hal_webgpu.feeds import bind_dims
 from webiree.module import read_module
-from webiree.testing.models import bert_feeds, export_bert_dynamic
+from webiree.testing.models import bert_feeds, export_bert_dynamic, small_detector
 
 from .browser_util import write_blank_page
 from .conftest import assert_close, ort_run
@@ -46,6 +46,7 @@ def bert(tmp_path_factory):
     path = root / "bert.onnx"
     export_bert_dynamic(path)
     webiree.compile(path, root / "bert", dims=DIMS, pyodide=True)
+    webiree.compile(small_detector(), root / "det", dims={"height": (320, 640), "width": (320, 640)})
     return root, onnx.load(str(path))
 
 
@@ -207,6 +208,46 @@ def test_webiree_js_on_dawn(server, model):
         got = run_dawn(f"{server}bert/", feeds)
         for name, want in zip(OUTPUT_NAMES, ort_run(model, feeds), strict=True):
             assert_close(got[name], want, name=f"{name} at {list(want.shape)} on Dawn")
+
+
+DETECTOR_JS = """async ({url, runs}) => {
+  const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+  const b64 = (a) => { const u = new Uint8Array(a.buffer, a.byteOffset, a.byteLength); let s = '';
+    for (let i = 0; i < u.length; i += 4096) s += String.fromCharCode(...u.subarray(i, i + 4096)); return btoa(s); };
+  const w = await import(url + 'webiree.js');
+  const session = await w.InferenceSession.create(url);
+  const results = [];
+  try {
+    for (const {dims, data} of runs) {
+      try {
+        const r = await session.run({image: new w.Tensor('float32', new Float32Array(bytes(data).buffer), dims)});
+        const out = {};
+        for (const [k, t] of Object.entries(r)) out[k] = {dims: t.dims, data: b64(await t.getData())};
+        results.push({out});
+      } catch (e) { results.push({error: String(e.message), kind: e.kind ?? null}); }
+    }
+  } finally { await session.release(); }
+  return results;
+}"""
+
+
+@pytest.mark.browser
+def test_webiree_js_checks_sizes_the_graph_needs_equal(page, server, site_root):
+    """The detector concatenates its upsampled 1/8 features with its 1/4 features: webiree.js runs
+    it at 320 x 352 like onnxruntime and refuses 324 x 320 (ASSERT_EQ) with Python's words."""
+    model = small_detector()
+    good = np.random.default_rng(1).standard_normal((1, 3, 320, 352)).astype(np.float32)
+    bad = np.zeros((1, 3, 324, 320), np.float32)
+    runs = [{"dims": list(x.shape), "data": base64.b64encode(x.tobytes()).decode()} for x in (good, bad)]
+    ok, refused = evaluate(page, DETECTOR_JS, {"url": f"{server}det/", "runs": runs}, timeout_s=300)
+    assert "error" not in ok, ok
+    for (name, o), want in zip(ok["out"].items(), ort_run(model, {"image": good}), strict=True):
+        assert list(o["dims"]) == list(want.shape)
+        assert_close(np.frombuffer(base64.b64decode(o["data"]), "<f4").reshape(want.shape), want, name=name)
+    det = read_module((site_root / "det" / "model.wrm").read_bytes())
+    assert refused == {"error": python_error(det, {"image": bad}), "kind": "feed"}
+    assert refused["error"].startswith("the model cannot take these sizes (height=324, width=320): Concat")
+    assert not page.errors
 
 
 # ---------------------------------------------------------------- Pyodide

@@ -19,8 +19,8 @@ const DTYPES = ['f32', 'i32', 'u32', 'bool'];
 const KINDS = ['weights', 'input', 'arena', 'params'];
 const FORMATS = ['wgsl', 'spirv'];
 const OP = {UPLOAD_INPUT: 1, DISPATCH: 2, READBACK: 5, DISPATCH_DYN: 6,
-  SET_REG: 0x10, LOAD_DIM: 0x11, ARITH: 0x12};
-const ARITY = {1: 1, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4};
+  SET_REG: 0x10, LOAD_DIM: 0x11, ARITH: 0x12, ASSERT_EQ: 0x13};
+const ARITY = {1: 1, 5: 1, 0x10: 2, 0x11: 3, 0x12: 4, 0x13: 3};
 // add, sub, mul, div_floor, div_ceil (0 for a zero divisor), min, max
 const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => (b ? Math.floor(a / b) : 0),
   (a, b) => (b ? Math.ceil(a / b) : 0), Math.min, Math.max];
@@ -209,7 +209,8 @@ export function readModule(data) {
       return [op, exec, gx, gy, gz, Array.from({length: nb}, () => r.u32s(4))];
     }
     if (!(op in ARITY)) fail('model', `model.wrm: unknown opcode 0x${op.toString(16)}`, hint);
-    return [op, ...r.u32s(ARITY[op])];
+    const args = r.u32s(ARITY[op]);
+    return op === OP.ASSERT_EQ ? [op, args[0], args[1], s(args[2])] : [op, ...args];
   });
   const symbols = [];
   if (sections.SYMS) {
@@ -234,6 +235,7 @@ function checkRegisters({executables, symbols, registers, buffers, inputs, outpu
     inputs.every((io) => io.regs.every(below(nsym))) && outputs.every((io) => io.regs.every(below(registers))) &&
     commands.every(([op, ...a]) => (op === OP.DISPATCH_DYN ? a.slice(1, 4).every(below(nreg))
       : op === OP.SET_REG ? a[0] < nreg : op === OP.ARITH ? a[0] in ARITH && a.slice(1).every(below(nreg))
+        : op === OP.ASSERT_EQ ? a[0] < nreg && a[1] < nreg
         : op !== OP.LOAD_DIM || (a[0] < nreg && a[2] < (inputs[a[1]]?.dims.length ?? 0)))))) {
     fail('model', 'model.wrm names a binding kind, register, symbol or input dim it does not have', hint);
   }
@@ -288,7 +290,15 @@ function bindDims(m, shapes) {
       seen.set(r, [d, io.name, axis]);
     });
   });
-  return evalRegisters(m, shapes);
+  const regs = evalRegisters(m, shapes);
+  // sizes the graph needs equal where the ranges cannot prove it (ASSERT_EQ, format.py failed_asserts)
+  const broken = m.commands.find(([op, a, b]) => op === OP.ASSERT_EQ && regs[a] !== regs[b]);
+  if (broken) {
+    const sizes = [...seen].sort((x, y) => x[0] - y[0]).map(([r, v]) => `${m.symbols[r].name}=${v[0]}`).join(', ');
+    fail('feed', `the model cannot take these sizes (${sizes}): ${broken[3]}: ${regs[broken[1]]} != ${regs[broken[2]]}`,
+      'the graph needs these sizes to agree (e.g. an image side that is a multiple of the network\'s stride); feed sizes that do');
+  }
+  return regs;
 }
 
 // ---------------------------------------------------------------- loading
