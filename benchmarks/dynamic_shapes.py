@@ -9,9 +9,11 @@ Models (exported here from `transformers` configs with seeded weights, no hub ac
 symbolic axes as users export them):
 
 - `minilm`: a BERT of MiniLM-L6's size (hidden 384, 6 layers, 12 heads), symbolic batch and
-  sequence; the dynamic build takes batch 1..4, sequence 1..512; both run at 1 x 128.
+  sequence; the dynamic build takes batch 1..4, sequence 1..512 (kernels tuned for the default
+  `opt` size, a quarter of the largest: 1 x 128); both run at 1 x 128.
 - `mobilenet_v2`: MobileNetV2 (transformers' config, 1001 classes), symbolic height and width;
-  the dynamic build takes 96..512 on each side; both run at 224 x 224.
+  the dynamic build takes 96..512 on each side, tuned for 224 (`--dim height=96..512@224`, a
+  TensorRT-style min/opt/max profile); both run at 224 x 224.
 
 For each, `webiree.bench.bench` builds the pinned and the dynamic module, checks both against
 onnxruntime CPU on the same feeds, and times them on the same adapter with the same settings
@@ -30,7 +32,8 @@ from pathlib import Path
 
 CASES = {
     "minilm": {"dims": {"batch": 1, "sequence": 128}, "dynamic": {"batch": (1, 4), "sequence": (1, 512)}},
-    "mobilenet_v2": {"dims": {"height": 224, "width": 224}, "dynamic": {"height": (96, 512), "width": (96, 512)}},
+    "mobilenet_v2": {"dims": {"height": 224, "width": 224},
+                     "dynamic": {"height": (96, 512, 224), "width": (96, 512, 224)}},
 }
 
 

@@ -26,7 +26,7 @@ const ARITH = [(a, b) => a + b, (a, b) => a - b, (a, b) => a * b, (a, b) => (b ?
   (a, b) => (b ? Math.ceil(a / b) : 0), Math.min, Math.max];
 const DYNAMIC_RANK = 0x80000000;  // IOS: a rank word with this bit is followed by one register word per dim
 const STATIC_DIM = 0xffffffff;    // ... where this register word marks a dim that does not vary
-const BIND_READONLY = 2;          // EXEC binding kinds: 0 storage (read), 1 storage (written), 2 read-only storage
+const BIND_UNIFORM = 2;           // EXEC binding kinds: 0 storage (read), 1 storage (written), 2 uniform (the dims)
 // ONNX element type -> [tensor type name, typed array class]
 const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: ['int8', Int8Array],
   4: ['uint16', Uint16Array], 5: ['int16', Int16Array], 6: ['int32', Int32Array], 7: ['int64', BigInt64Array],
@@ -230,7 +230,7 @@ export function readModule(data) {
 /** Reject a binding kind, register, symbol or input dim a run would follow blindly (format.py validate_module). */
 function checkRegisters({executables, symbols, registers, buffers, inputs, outputs, commands}, hint) {
   const nsym = symbols.length, nreg = Math.max(registers, 1), below = (n) => (x) => x === null || x < n;
-  if (!(executables.every((e) => e.bindings.every((b) => b.kind <= BIND_READONLY)) && registers >= nsym &&
+  if (!(executables.every((e) => e.bindings.every((b) => b.kind <= BIND_UNIFORM)) && registers >= nsym &&
     symbols.every((x) => x.min <= x.max) && buffers.every((b) => b.kind !== 'params' || b.size >= 4 * nsym) &&
     inputs.every((io) => io.regs.every(below(nsym))) && outputs.every((io) => io.regs.every(below(registers))) &&
     commands.every(([op, ...a]) => (op === OP.DISPATCH_DYN ? a.slice(1, 4).every(below(nreg))
@@ -732,7 +732,7 @@ export class InferenceSession {
     d.pushErrorScope('out-of-memory');
     d.pushErrorScope('validation');
     this.buffers = m.buffers.map((b, i) => d.createBuffer({label: b.name || `${b.kind}${i}`, size: Math.max(b.size, 4),
-      usage: U.STORAGE | U.COPY_SRC | U.COPY_DST}));
+      usage: b.kind === 'params' ? U.UNIFORM | U.COPY_DST : U.STORAGE | U.COPY_SRC | U.COPY_DST}));
     this.params = this.buffers.filter((_, i) => m.buffers[i].kind === 'params');  // the dims buffers, written per run
     const loading = loadWeights((b, bytes, offset) => d.queue.writeBuffer(this.buffers[b.index], 0, bytes, offset, b.size));
     // Pipelines compile in parallel; a slow compiler (SwiftShader) may take minutes for all of
@@ -753,7 +753,7 @@ export class InferenceSession {
       // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
       if (code.includes('subgroupBroadcast(')) code = 'enable subgroups;\n' + code;
       const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot, kind}) => (
-        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: kind === BIND_READONLY ? 'read-only-storage' : 'storage'}}))});
+        {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: kind === BIND_UNIFORM ? 'uniform' : 'storage'}}))});
       const shader = d.createShaderModule({label: e.name, code});
       try {
         const pipeline = await Promise.race([d.createComputePipelineAsync({label: e.name,

@@ -145,6 +145,9 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
         dumps["import"] = graph.summary()
     stage[0] = "lower"
     prog = lower(graph)
+    if prog.symbols and "spirv" in targets:
+        raise WebireeError("SPIR-V executables of a dynamic build (sizes in ranges) are not supported yet",
+                           hint="build the dynamic module for WGSL (the default), or pin every dim for SPIR-V")
     passes.fold_pad_into_conv(prog)
     passes.dce(prog)
     if "lower" in dump_after:
@@ -179,7 +182,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
                 if targets[0] == "spirv":
                     code = spv[-1][1]
             executables.append(F.Executable(d.name, targets[0], code, "main", d.kernel.workgroup_size,
-                                            [(b.slot, F.BIND_READONLY if b.readonly else int(b.writes))
+                                            [(b.slot, F.BIND_UNIFORM if b.uniform else int(b.writes))
                                              for b in d.kernel.bindings]))
             shaders.append((fname, text))
         exec_of.append(sources[body])

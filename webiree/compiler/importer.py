@@ -292,22 +292,30 @@ def import_model(model, input_shapes: dict | None = None, dims: dict | None = No
 
 
 def parse_dim(spec, what: str):
-    """One dim of --input-shape / --dim: an int, (lo, hi), [lo, hi] or 'lo..hi' -> int or (lo, hi)."""
+    """One dim of --input-shape / --dim: an int, (lo, hi), (lo, hi, opt), or 'lo..hi' / 'lo..hi@opt'
+    -> int, (lo, hi) or (lo, hi, opt); opt, the size kernels are tuned for, must lie in the range."""
     if isinstance(spec, str):
         text = spec.strip()
         if ".." in text:
             lo, _, hi = text.partition("..")
-            spec = (lo, hi)
+            hi, at, opt = hi.partition("@")
+            spec = (lo, hi, opt) if at else (lo, hi)
         else:
             spec = text
     try:
         if isinstance(spec, (tuple, list)):
-            if len(spec) != 2:
+            if len(spec) not in (2, 3):
                 raise ValueError
             lo, hi = int(spec[0]), int(spec[1])
             if lo < 0 or hi < lo:
                 raise ShapeError(f"{what}: the range {lo}..{hi} is empty or negative",
                                  hint="give a range min..max with 0 <= min <= max, e.g. 1..512")
+            if len(spec) == 3:
+                opt = int(spec[2])
+                if not lo <= opt <= hi:
+                    raise ShapeError(f"{what}: the tuning size {opt} lies outside {lo}..{hi}",
+                                     hint="min..max@opt with min <= opt <= max, e.g. 1..512@128")
+                return (lo, hi, opt) if lo != hi else lo
             return (lo, hi) if lo != hi else lo
         v = int(spec)
     except (TypeError, ValueError):
@@ -385,6 +393,7 @@ def resolve_input_dims(real_inputs, input_shapes: dict, dims: dict):
                     w = 1
             if isinstance(w, tuple):
                 w = sym_for(d if isinstance(d, str) else f"{vi.name}_{axis}", w)
+
             shape.append(w)
         out[vi.name] = shape
     if zero and not unresolved:
@@ -406,7 +415,9 @@ def resolve_input_dims(real_inputs, input_shapes: dict, dims: dict):
 
 
 def _show(w) -> str:
-    return f"{w[0]}..{w[1]}" if isinstance(w, tuple) else str(w)
+    if isinstance(w, tuple):
+        return f"{w[0]}..{w[1]}" + (f"@{w[2]}" if len(w) > 2 else "")
+    return str(w)
 
 
 __all__ = ["import_model", "load_model_proto", "np"]

@@ -98,9 +98,10 @@ def plan_memory(prog: Program, limits: dict) -> MemoryPlan:
         placement[name] = Placement(len(buffers) - 1, 0, size)
 
     for name, t in prog.tensors.items():
-        if t.kind == "params":      # the dims buffer (ir/sym.py): one i32 per symbol, written per run
-            buffers.append(BufferDecl("params", max(t.nbytes, 4), name))
-            placement[name] = Placement(len(buffers) - 1, 0, max(t.nbytes, 4))
+        if t.kind == "params":      # the dims buffer (ir/sym.py): one i32 per symbol, written per run,
+            size = align(max(t.nbytes, 16), 16)      # bound as a uniform array<vec4<i32>>
+            buffers.append(BufferDecl("params", size, name))
+            placement[name] = Placement(len(buffers) - 1, 0, size)
 
     # lifetimes of arena tensors (roots only; views share their root's placement)
     first, last = {}, {}

@@ -73,5 +73,8 @@ class Registers:
     def _atom(self, atom) -> int:
         if isinstance(atom, Symbol):
             return self._of[("sym", atom.name)]
+        if atom.kind == "mod":      # a - b * floor(a / b)
+            a, b = self.of(atom.a), self.of(atom.b)
+            return self._arith("sub", a, self._arith("mul", b, self._arith("div_floor", a, b)))
         op = {"floordiv": "div_floor", "ceildiv": "div_ceil", "min": "min", "max": "max"}[atom.kind]
         return self._arith(op, self.of(atom.a), self.of(atom.b))

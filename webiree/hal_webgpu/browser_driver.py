@@ -302,7 +302,8 @@ class BrowserDriver(Driver):
 
     def create_buffer(self, size, kind, label=""):
         U = self._usage
-        usage = (U.STORAGE | U.COPY_SRC | U.COPY_DST) if kind == "storage" else (U.MAP_READ | U.COPY_DST)
+        usage = {"storage": U.STORAGE | U.COPY_SRC | U.COPY_DST, "uniform": U.UNIFORM | U.COPY_DST}.get(
+            kind, U.MAP_READ | U.COPY_DST)
         try:
             buf = self.device.createBuffer(self._obj({"label": label, "size": size, "usage": usage}))
         except self._ffi.JsException as e:
@@ -326,7 +327,7 @@ class BrowserDriver(Driver):
         d = self.device
         visibility = self._js.GPUShaderStage.COMPUTE
         layout = d.createBindGroupLayout(self._obj({"label": name, "entries": [
-            {"binding": slot, "visibility": visibility, "buffer": {"type": "read-only-storage" if kind == 2 else "storage"}}
+            {"binding": slot, "visibility": visibility, "buffer": {"type": "uniform" if kind == 2 else "storage"}}
             for slot, kind in bindings]}))
         shader = d.createShaderModule(self._obj({"label": name, "code": bytes(code).decode("utf-8")}))
         pipeline_layout = d.createPipelineLayout(self._obj({"bindGroupLayouts": [layout]}))

@@ -140,7 +140,8 @@ class Interpreter:
                              hint="the site's weights file is incomplete or belongs to another build; "
                                   "rebuild or re-download it")
         for i, b in enumerate(m.buffers):
-            buf = d.create_buffer(max(b.size, 4), "storage", b.name or f"{b.kind}{i}")
+            buf = d.create_buffer(max(b.size, 4), "uniform" if b.kind == "params" else "storage",
+                                  b.name or f"{b.kind}{i}")
             self.buffers.append(buf)
             if b.kind == "params":
                 self.params.append(buf)

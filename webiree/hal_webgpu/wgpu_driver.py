@@ -195,7 +195,8 @@ class WgpuDriver(Driver):
 
     def create_buffer(self, size, kind, label=""):
         U = self.wgpu.BufferUsage
-        usage = (U.STORAGE | U.COPY_SRC | U.COPY_DST) if kind == "storage" else (U.MAP_READ | U.COPY_DST)
+        usage = {"storage": U.STORAGE | U.COPY_SRC | U.COPY_DST, "uniform": U.UNIFORM | U.COPY_DST}.get(
+            kind, U.MAP_READ | U.COPY_DST)
         try:
             buf = self.device.create_buffer(label=label, size=size, usage=usage)
         except Exception as e:
@@ -219,7 +220,7 @@ class WgpuDriver(Driver):
                 sm = self.device.create_shader_module(label=name, code=bytes(code))
             bgl = self.device.create_bind_group_layout(entries=[
                 {"binding": slot, "visibility": w.ShaderStage.COMPUTE,
-                 "buffer": {"type": w.BufferBindingType.read_only_storage if kind == 2 else
+                 "buffer": {"type": w.BufferBindingType.uniform if kind == 2 else
                             w.BufferBindingType.storage}} for slot, kind in bindings])
             layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
             pipe = self.device.create_compute_pipeline(label=name, layout=layout,

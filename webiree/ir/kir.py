@@ -482,14 +482,14 @@ LINDEX = var("lindex", "u32")                            # local_invocation_inde
 
 @dataclass
 class Binding:
-    """A storage buffer the kernel reads and/or writes: array<dtype>. `readonly`: bound as
-    read-only storage (the dims buffer: its values are uniform, so loop bounds that read them
-    may hold barriers)."""
+    """A storage buffer the kernel reads and/or writes: array<dtype>. `uniform` > 0: instead a
+    uniform buffer of that many i32 words (the dims buffer, read as array<vec4<i32>>: uniform
+    values, so loop bounds may hold barriers and CPU renderers keep them scalar)."""
     slot: int
     name: str
     dtype: str
     writes: bool = False
-    readonly: bool = False
+    uniform: int = 0
 
 
 @dataclass

@@ -6,7 +6,7 @@ through the compiler as a `Symbol`. Shapes are tuples of `int | Dim`, where a
 `Dim` is an expression of symbols:
 
     Dim  := sum of  coeff * atom * atom * ...   (+ a constant)
-    atom := Symbol | floor(Dim / Dim) | ceil(Dim / int) | min(Dim, Dim) | max(Dim, Dim)
+    atom := Symbol | floor(Dim / Dim) | ceil(Dim / int) | Dim mod int | min(Dim, Dim) | max(Dim, Dim)
 
 kept in a normal form (a polynomial over atoms), so equal sizes compare equal
 (`seq*12*64 == seq*768`), exact divisions cancel (`(b*seq*768) // (b*seq) == 768`)
@@ -38,11 +38,13 @@ class SymbolicDimError(TypeError):
 
 @dataclass(frozen=True)
 class Symbol:
-    """A named input size with its declared range; `index` is its word in the dims buffer."""
+    """A named input size with its declared range; `index` is its word in the dims buffer; `opt`
+    the size kernels are tuned for (TensorRT's min / opt / max profile; memory is planned for hi)."""
     name: str
     index: int
     lo: int
     hi: int
+    opt: int = 0
 
     def key(self):
         return (0, self.index, self.name)
@@ -53,8 +55,8 @@ class Symbol:
 
 @dataclass(frozen=True)
 class _Atom:
-    """floor(a / b), ceil(a / b), min(a, b) or max(a, b) of two Dims / ints (kind: 'floordiv' |
-    'ceildiv' | 'min' | 'max')."""
+    """floor(a / b), ceil(a / b), a mod b (a >= 0, b a positive int), min(a, b) or max(a, b) of two
+    Dims / ints (kind: 'floordiv' | 'ceildiv' | 'mod' | 'min' | 'max')."""
     kind: str
     a: object
     b: object
@@ -68,6 +70,8 @@ class _Atom:
             return f"{a} // {self.b}"
         if self.kind == "ceildiv":
             return f"ceil({self.a} / {self.b})"
+        if self.kind == "mod":
+            return f"{a} % {self.b}"
         return f"{self.kind}({self.a}, {self.b})"
 
 
@@ -82,6 +86,8 @@ def _atom_bounds(atom) -> tuple:
         return atom.lo, atom.hi
     alo, ahi = bounds(atom.a)
     blo, bhi = bounds(atom.b)
+    if atom.kind == "mod":
+        return (0, blo - 1) if blo == bhi and alo >= 0 else (min(0, alo), max(ahi, bhi))
     if atom.kind in ("floordiv", "ceildiv"):
         if blo <= 0:
             raise SymbolicDimError(f"division by {atom.b}, which may be zero or negative")
@@ -125,9 +131,21 @@ def _atom_dim(atom) -> "Dim":
     return _norm({(atom,): 1})
 
 
-def symbol(name: str, index: int, lo: int, hi: int) -> "Dim":
-    """The Dim of one symbol (a size the model declares by name), in [lo, hi]."""
-    return _atom_dim(Symbol(name, index, int(lo), int(hi)))
+def symbol(name: str, index: int, lo: int, hi: int, opt: int | None = None) -> "Dim":
+    """The Dim of one symbol (a size the model declares by name), in [lo, hi]; kernels are tuned
+    for `opt` (default: a quarter of the largest size, a multiple of 8 above 16: tuned toward the
+    long inputs, whose latency matters most; a short input is quick either way)."""
+    lo, hi = int(lo), int(hi)
+    if opt is None:
+        opt = hi // 4
+        if opt > 16:
+            opt = opt // 8 * 8
+    return _atom_dim(Symbol(name, index, lo, hi, min(max(int(opt), lo), hi)))
+
+
+def typical(x) -> int:
+    """A size's value with every symbol at its `opt` (what kernels are planned for)."""
+    return evaluate(x, {s.name: s.opt for s in symbols_of(x)})
 
 
 class Dim:
@@ -206,6 +224,12 @@ class Dim:
     def __mod__(self, o):
         if not _is_size(o):
             return NotImplemented
+        if not isinstance(o, Dim) and int(o) > 0 and bounds(self)[0] >= 0:
+            c = int(o)
+            rest = _norm({m: k % c for m, k in self.terms})   # multiples of c drop out
+            if not isinstance(rest, Dim):
+                return rest % c
+            return _atom_dim(_Atom("mod", rest, c))
         return self - o * floordiv(self, o)
 
     def __rmod__(self, o):
@@ -411,6 +435,8 @@ def _eval_atom(atom, env):
     if isinstance(atom, Symbol):
         return int(env[atom.name])
     a, b = evaluate(atom.a, env), evaluate(atom.b, env)
+    if atom.kind == "mod":
+        return a % b
     if atom.kind == "floordiv":
         return a // b
     if atom.kind == "ceildiv":
@@ -437,6 +463,8 @@ def _atom_kir(atom):
     if isinstance(atom, Symbol):
         return kir.load(DIMS_BUFFER, kir.i32(atom.index), "i32")
     a, b = to_kir(atom.a), to_kir(atom.b)
+    if atom.kind == "mod":          # of a non-negative size by a positive int: WGSL's % agrees
+        return a % b
     if atom.kind in ("floordiv", "ceildiv"):
         if lower_bound(atom.a) < 0:
             # floor division of a possibly negative value (WGSL's / truncates)

@@ -32,7 +32,7 @@ OP_ASSERT_EQ = 0x13       # a, b (registers), message (string): the feed is refu
 ARITH_OPS = ["add", "sub", "mul", "div_floor", "div_ceil", "min", "max"]
 DYNAMIC_RANK = 0x80000000  # IOS: a rank word with this bit is followed by one register word per dim
 STATIC_DIM = 0xFFFFFFFF    # ... where this register word marks a dim that does not vary
-BIND_READ, BIND_WRITE, BIND_READONLY = 0, 1, 2   # EXEC binding kinds (2: read-only storage)
+BIND_READ, BIND_WRITE, BIND_UNIFORM = 0, 1, 2    # EXEC binding kinds (2: the dims buffer, a uniform buffer)
 
 OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
                 OP_LOAD_DIM: 3, OP_ARITH: 4, OP_ASSERT_EQ: 3}
@@ -49,7 +49,7 @@ class Executable:
     code: bytes                   # WGSL text (utf-8) or SPIR-V words
     entry: str = "main"
     workgroup_size: tuple = (1, 1, 1)
-    bindings: list = field(default_factory=list)   # [(slot, kind)]: BIND_READ | BIND_WRITE | BIND_READONLY
+    bindings: list = field(default_factory=list)   # [(slot, kind)]: BIND_READ | BIND_WRITE | BIND_UNIFORM
 
 
 @dataclass
@@ -325,7 +325,7 @@ def validate_module(m: Module) -> None:
     for e in m.executables:
         slots = [slot for slot, _ in e.bindings]
         check(len(set(slots)) == len(slots), f"executable {e.name!r} repeats a binding slot")
-        check(all(k in (BIND_READ, BIND_WRITE, BIND_READONLY) for _, k in e.bindings),
+        check(all(k in (BIND_READ, BIND_WRITE, BIND_UNIFORM) for _, k in e.bindings),
               f"executable {e.name!r} has an unknown binding kind")
     nsym = len(m.symbols)
     check(m.registers >= nsym, "fewer registers than symbols (symbol k is register k)")

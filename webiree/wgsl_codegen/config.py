@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import CompilerBug
-from ..ir.sym import Dim, upper
+from ..ir.sym import Dim, typical
 from ..ir import program as P
 from .kernels import check
 from .kernels.common import ConvTile, KernelConfig, MatmulTile, RowBlockTile
@@ -56,8 +56,7 @@ def _register_blocked(op: P.MatMul, limits: dict):
     # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
     # workgroup whose invocations each own a large register block (up to 16 rows x 12 vec4
     # columns) streams B fewer times (docs/performance.md has the measurements).
-    # vec4 slots also over a symbolic N (the builder gathers a slot's columns one by one)
-    vec = 4 if matmul_vec4_ok(op) or "n" in getattr(op, "symbolic", ()) else 1
+    vec = 4 if matmul_vec4_ok(op) else 1
     cols = -(-op.n // vec)
     wx = 8
     rn = max(1, min(12 if vec == 4 else 16, -(-cols // wx)))
@@ -175,19 +174,20 @@ TABLE = {
 
 
 def _planned_size(d):
-    """A symbolic size as the planner sees it: its largest value, odd unless the symbols make it
-    a multiple of 4 (so a vec4 kernel is chosen only where every size in the range allows it)."""
+    """A symbolic size as the planner sees it: its value at the symbols' `opt` sizes (ir/sym.py),
+    odd unless the symbols make it a multiple of 4 (so a vec4 kernel is chosen only where every
+    size in the range allows it)."""
     if not isinstance(d, Dim):
         return d
-    v = upper(d)
+    v = max(typical(d), 1)
     if isinstance(d % 4, Dim) or d % 4:
-        v = max(v | 1, 1)
+        v = v | 1
     return v
 
 
 def planning_view(op: P.Op) -> P.Op:
     """The op with its symbolic sizes replaced for planning (the op itself when it has none).
-    Kernels are planned for the largest size in the declared ranges."""
+    Kernels are planned for the symbols' typical (`opt`) sizes; memory for the largest."""
     changes = {}
     for f in dataclasses.fields(op):
         v = getattr(op, f.name)
@@ -202,9 +202,28 @@ def planning_view(op: P.Op) -> P.Op:
     return view
 
 
+def _aligned_variant(view: P.Op, cfg: KernelConfig, limits: dict) -> KernelConfig | None:
+    """For a product whose symbolic N keeps it off vec4 rows: the register-blocked vec4 plan for
+    the runs where N is a multiple of 4 (most image sizes), built beside the scalar one."""
+    if not (isinstance(view, P.MatMul) and "n" in getattr(view, "symbolic", ()) and cfg.vector == 1
+            and cfg.strategy == S.REGISTER_BLOCKED):
+        return None
+    even = dataclasses.replace(view, n=max(view.n - view.n % 4, 4))
+    if not matmul_vec4_ok(even):
+        return None
+    alt = _register_blocked(even, limits)
+    return alt if alt.vector == 4 and alt.workgroup_size == cfg.workgroup_size else None
+
+
 def choose(op: P.Op, prog: P.Program, limits: dict) -> KernelConfig:
+    cfg = _choose(planning_view(op), limits)
+    if op is not planning_view(op):
+        cfg.aligned = _aligned_variant(planning_view(op), cfg, limits)
+    return cfg
+
+
+def _choose(op: P.Op, limits: dict) -> KernelConfig:
     device_class = "cpu" if limits.get("device_class") == "cpu" else "gpu"
-    op = planning_view(op)
     for strategy in TABLE[type(op)][device_class]:
         if check(strategy, op, limits) is None:
             cfg = PLANNERS[strategy](op, limits)

@@ -78,6 +78,7 @@ def literal(e: Expr) -> str:
 
 class _Renderer:
     def __init__(self, kernel: kir.Kernel):
+        self.uniform = {b.name for b in kernel.bindings if b.uniform}
         self.k = kernel
         self.uses_wi_f32 = False
         self.tmp = 0
@@ -96,6 +97,11 @@ class _Renderer:
         if op == "var":
             return e.attr
         if op in ("load", "sload"):
+            if e.attr in self.uniform:      # word k of a uniform array<vec4<i32>>
+                if a[0].is_const:
+                    return f"{e.attr}[{a[0].attr // 4}][{a[0].attr % 4}]"
+                i = self.expr(a[0], names)
+                return f"{e.attr}[({i}) / 4][({i}) % 4]"
             return f"{e.attr}[{self.expr(a[0], names)}]"
         if op in INFIX:
             lhs, rhs = self.expr(a[0], names), self.expr(a[1], names)
@@ -208,8 +214,10 @@ def render(kernel: kir.Kernel) -> str:
     r.stmts(kernel.body, 1)
     head = [f"// webiree kernel {kernel.name}"]
     for b in kernel.bindings:
-        access = "read" if b.readonly else "read_write"
-        head.append(f"@group(0) @binding({b.slot}) var<storage, {access}> {b.name}: array<{TYPE[b.dtype]}>;")
+        if b.uniform:
+            head.append(f"@group(0) @binding({b.slot}) var<uniform> {b.name}: array<vec4<i32>, {-(-b.uniform // 4)}>;")
+        else:
+            head.append(f"@group(0) @binding({b.slot}) var<storage, read_write> {b.name}: array<{TYPE[b.dtype]}>;")
     for s in kernel.shared:
         head.append(f"var<workgroup> {s.name}: array<{TYPE[s.dtype]}, {s.size}>;")
     if r.uses_wi_f32:

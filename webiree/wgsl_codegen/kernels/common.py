@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from ...ir import program as P
-from ...ir.program import O
+from ...ir.program import O, numel
 from ...ir import kir
 from ...ir.kir import For, If, Let, f32, i32, lvar
 from ...errors import LimitsError
@@ -66,16 +66,25 @@ class KernelConfig:
     tile: tuple = ()
     vector: int = 1
     strategy: Strategy = Strategy.ELEMENTWISE
+    # a dynamic build's variant for the runs whose symbolic N is a multiple of 4 (vec4 rows): the
+    # kernel holds both and branches on the size, uniformly (kernels/matmul.py build_matmul)
+    aligned: "KernelConfig | None" = None
 
     def __post_init__(self):
         self.strategy = Strategy(self.strategy)
         if self.strategy in TILES:
             self.tile = TILES[self.strategy](*self.tile)
+        if isinstance(self.aligned, dict):
+            self.aligned = KernelConfig(**self.aligned)
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["strategy"] = self.strategy.value
         d["tile"] = tuple(self.tile)
+        if self.aligned is None:
+            d.pop("aligned")
+        else:
+            d["aligned"] = self.aligned.as_dict()
         return d
 
 
@@ -116,11 +125,18 @@ class Binder:
             return self.prologues[tensor].dtype
         return self.prog.tensors[self.prog.root(tensor)].dtype
 
-    def load(self, tensor: str, index) -> kir.Expr:
-        """Element `index` of an input: from its buffer, or computed by its fused prologue."""
+    def load(self, tensor: str, index, radix=None) -> kir.Expr:
+        """Element `index` of an input: from its buffer, or computed by its fused prologue.
+        radix: what the builder knows of index, [(coordinate, size), ...] outermost first with
+        index = (c0 * s1 + c1) * s2 + c2 ...: the prologue's divisions of its index by those
+        sizes (its coordinates) become the coordinates themselves, so a transposed or reshaped
+        operand costs no division (a symbolic size would make each one real)."""
         index = kir.as_expr(index, "i32")
         if tensor in self.prologues:
-            return kir.substitute(self.expr(self.prologues[tensor]), {O: index})
+            mapping = {O: index}
+            if radix:
+                mapping.update(radix_rules(radix))
+            return kir.substitute(self.expr(self.prologues[tensor]), mapping)
         return kir.load(self.name(tensor), index, self.dtype(tensor))
 
     def load4(self, tensor: str, index4) -> kir.Expr:
@@ -132,9 +148,10 @@ class Binder:
         return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 
     def expr(self, e: kir.Expr) -> kir.Expr:
-        """A compiler expression (loads name tensors) with loads of binding slots instead."""
+        """A compiler expression (loads name tensors) with loads of binding slots instead (the
+        dims buffer's stay by name: bind_dims reads them once per kernel)."""
         def fn(node):
-            if node.op == "load":
+            if node.op == "load" and node.attr != DIMS_BUFFER:
                 return kir.load(self.name(node.attr), kir.substitute(node.args[0], {"__fn__": fn}), node.dtype)
             return None
         return kir.substitute(e, {"__fn__": fn})
@@ -143,26 +160,74 @@ class Binder:
         out = self.prog.root(out)
         if not any(t == out for t, _ in self.slots):
             self.name(out)
-        return [kir.Binding(i, f"b{i}", "vec4f" if vec else self.prog.tensors[t].dtype, writes=(t == out),
-                            readonly=self.prog.tensors[t].kind == "params")
+        tensors = self.prog.tensors
+        return [kir.Binding(i, f"b{i}", "vec4f" if vec else tensors[t].dtype, writes=(t == out),
+                            uniform=numel(tensors[t].shape) if tensors[t].kind == "params" else 0)
                 for i, (t, vec) in enumerate(self.slots)]
 
     def bind_dims(self, body: list) -> list:
-        """`body` with the symbolic sizes' loads of the dims buffer (ir/sym.py) bound to a slot."""
-        found = []
+        """`body` with the symbolic sizes (ir/sym.py) read from the dims buffer once, at the top
+        (`let dim0 = b<slot>[0];`): values read in a loop would be reloaded there (the compiler
+        cannot tell the buffer is not written), and each size's arithmetic with them."""
+        sizes: dict = {}        # size expression -> its let (in order of first use)
+        memo: dict = {}
 
-        def fn(node):
-            if node.op == "load" and node.attr == DIMS_BUFFER:
-                found.append(node)
-                return kir.load(self.name(DIMS_BUFFER), node.args[0], node.dtype)
+        def is_size(node) -> bool:      # only constants and the dims buffer's words, computed
+            if node not in memo:
+                memo[node] = node.op == "const" or (node.op == "load" and node.attr == DIMS_BUFFER) or (
+                    node.op in _SIZE_OPS and node.dtype == "i32" and all(is_size(a) for a in node.args))
+            return memo[node]
+
+        def fn(node):   # top-down: the largest size expression is taken whole
+            if node.op != "const" and is_size(node):
+                if node not in sizes:
+                    sizes[node] = f"sz{len(sizes)}"
+                return lvar(sizes[node], "i32")
             return None
         cache: dict = {}
         out = kir.map_exprs(body, lambda e: kir.substitute(e, {"__fn__": fn}, cache))
-        return out if found else body
+        if not sizes:
+            return body
+        slot = self.name(DIMS_BUFFER)
+        lets = []
+        for node, name in sizes.items():   # each size once, at the top, from the buffer's words
+            lets.append(Let(name, kir.substitute(node, {"__fn__": lambda n: kir.load(slot, n.args[0], "i32")
+                                                         if n.op == "load" and n.attr == DIMS_BUFFER else None})))
+        return lets + out
 
     @property
     def tensors(self) -> list[str]:
         return [t for t, _ in self.slots]
+
+
+_SIZE_OPS = {"add", "sub", "mul", "div", "mod", "min", "max", "neg"}
+
+
+def radix_rules(radix) -> dict:
+    """Substitutions for an index o = (c0 * s1 + c1) * s2 + ... (radix = [(c_j, s_j)], 0 <= c_j <
+    s_j for j > 0): o // P -> the prefix, o % P -> the suffix, (o // P') % s_j -> c_j, for the
+    suffix products P (kir nodes are hash-consed, so these match the expressions coords_of wrote)."""
+    rules = {}
+    n = len(radix)
+    for j in range(1, n):
+        p = 1
+        for _, s in radix[j:]:
+            p = p * s
+        prefix, suffix = radix[0][0], i32(0)
+        for c, s in radix[1:j]:
+            prefix = prefix * s + c
+        for c, s in radix[j:]:
+            suffix = suffix * s + c
+        pk = kir.as_expr(p, "i32")
+        rules[kir.binary("div", O, pk)] = prefix
+        rules[kir.binary("mod", O, pk)] = suffix
+        inner = 1
+        for _, s in radix[j + 1:]:
+            inner = inner * s
+        c, s = radix[j]
+        below = O if inner == 1 else kir.binary("div", O, kir.as_expr(inner, "i32"))
+        rules[kir.binary("mod", below, kir.as_expr(s, "i32"))] = c
+    return rules
 
 
 def grid_for(n_groups, limits: dict) -> tuple:
@@ -193,11 +258,20 @@ def lid(axis: int = 0) -> kir.Expr:
     return kir.cast(kir.LID[axis], "i32")
 
 
-def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr) -> kir.Expr:
-    """The anchor's result for one element after its fused epilogue."""
+def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr, splits=()) -> kir.Expr:
+    """The anchor's result for one element after its fused epilogue. splits: what the builder
+    knows of o, as (quotient, remainder, divisor) with o = quotient * divisor + remainder and
+    0 <= remainder < divisor (a matmul's row and column): the epilogue's o // divisor and
+    o % divisor become those, so a bias read costs no division (a symbolic divisor would make it
+    a real one, per element)."""
     if op.epilogue is None:
         return acc
-    return kir.substitute(b.expr(op.epilogue), {P.acc_var(acc.dtype): acc, O: o})
+    mapping = {P.acc_var(acc.dtype): acc, O: o}
+    for quotient, remainder, divisor in splits:
+        d = kir.as_expr(divisor, "i32")
+        mapping[kir.binary("div", O, d)] = quotient
+        mapping[kir.binary("mod", O, d)] = remainder
+    return kir.substitute(b.expr(op.epilogue), mapping)
 
 
 def window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, out_sp=None, unroll_max=3):

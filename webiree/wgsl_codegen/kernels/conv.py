@@ -55,7 +55,8 @@ def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
     out = b.name(op.out)
     for j in range(rw):
         o = ((n * M + m) * OH + oh) * OW + ow0 + j
-        store = [Store(out, o, epilogue(op, b, lvar(f"acc{j}", "f32"), o))]
+        splits = [(n * M + m, oh * OW + ow0 + j, OH * OW), ((n * M + m) * OH + oh, ow0 + j, OW)]
+        store = [Store(out, o, epilogue(op, b, lvar(f"acc{j}", "f32"), o, splits))]
         work += store if OW % rw == 0 else [If(ow0 + j < OW, store)]
     body.append(If(t < total, work))
     return body, [], grid_for(-(-total // wg), limits)
@@ -115,6 +116,6 @@ def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
     out = b.name(op.out)
     for j in range(cb):
         o = (n * M + m0 + j) * S + sp
-        work.append(Store(out, o, epilogue(op, b, lvar(f"acc{j}", "f32"), o)))
+        work.append(Store(out, o, epilogue(op, b, lvar(f"acc{j}", "f32"), o, [(n * M + m0 + j, sp, S)])))
     body.append(If(t < total, work))
     return body, [], grid_for(-(-total // wg), limits)

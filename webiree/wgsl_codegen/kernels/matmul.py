@@ -6,10 +6,23 @@ from __future__ import annotations
 from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
-from ...ir.sym import ceildiv, is_dim
+from ...ir.sym import dmin, is_dim
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
 from .common import Strategy, Binder, lid, epilogue
+
+
+def _batch_indices(op: P.MatMul):
+    """(A's, B's) flat batch index for workgroup z (their offsets are these x M*K, x K*N)."""
+    bz = kir.cast(kir.WID[2], "i32")
+    bcoords = P.coords_of(bz, op.batch) if op.batch else []
+
+    def index(shape):
+        if not shape:
+            return i32(0)
+        k = len(op.batch) - len(shape)
+        return P.flat_of([i32(0) if shape[i] == 1 else bcoords[k + i] for i in range(len(shape))], shape)
+    return index(op.a_batch), index(op.b_batch)
 
 
 def _batch_offsets(op: P.MatMul):
@@ -32,7 +45,17 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     builder = {Strategy.SUBGROUP_BROADCAST: _matmul_subgroup, Strategy.TILED_SHARED_VEC4: _matmul_shared_vec4,
                Strategy.SPLIT_K: _matmul_split_k, Strategy.REGISTER_BLOCKED: _matmul_registers,
                Strategy.TILED_SHARED: _matmul_shared}[cfg.strategy]
-    return builder(op, prog, cfg, limits, b)
+    if cfg.aligned is None:
+        return builder(op, prog, cfg, limits, b)
+    # versioned on a symbolic N: the vec4 kernel where N % 4 == 0 in this run, the scalar one
+    # otherwise (one uniform branch); the grid is each variant's, chosen by register arithmetic
+    body1, shared1, grid1 = builder(op, prog, cfg, limits, b)
+    body4, shared4, grid4 = builder(op, prog, cfg.aligned, limits, b)
+    aligned = 1 - dmin(op.n % 4, 1)          # 1 where N % 4 == 0, else 0
+    grid = tuple(g1 + aligned * (g4 - g1) for g1, g4 in zip(grid1, grid4))
+    import os
+    if os.environ.get("EXP_ONLY4"): return body4, shared4, grid
+    return [If(kir.binary("eq", kir.i32(op.n % 4), kir.i32(0)), body4, body1)], shared1 + shared4, grid
 
 
 def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str) -> list:
@@ -54,46 +77,32 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     rm, rn, uk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     vec = cfg.vector
     M, N, K = op.m, op.n, op.k
-    # vec4 accumulators over an N not known to be a multiple of 4 (a symbolic size): lane q of
-    # slot j is column n0 + WX * (4j + q), so each of the four loads and stores is contiguous
-    # across the workgroup's invocations (lavapipe's SIMD lanes); columns past N are clamped on
-    # load and skipped on store
-    gather = vec == 4 and not matmul_vec4_ok(op)
-    slots = ceildiv(N, 4) if gather else N // vec
+    slots = N // vec
     acc_t = "vec4f" if vec == 4 else "f32"
     bz, a_off, b_off = _batch_offsets(op)
-    body = [Let("a_off", a_off), Let("b_offv", b_off if gather else b_off // vec),
-            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn * (4 if gather else 1)) + lid()),
+    ab, bb = _batch_indices(op)
+    body = [Let("a_off", a_off), Let("b_offv", b_off // vec),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
             Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
     n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
     a_off, b_offv = lvar("a_off", "i32"), lvar("b_offv", "i32")
     for i in range(rm):
         body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
-    if gather:
-        for j in range(rn):
-            for q in range(4):
-                body.append(Let(f"nq{j}_{q}", kir.minimum(n0 + wx * (4 * j + q), N - 1)))
-            for i in range(rm):
-                body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0))))
-        nc = []
-    else:
-        nc = _slots_and_accumulators(body, n0, wx, slots, rm, rn, acc_t)
+    nc = _slots_and_accumulators(body, n0, wx, slots, rm, rn, acc_t)
     mr = [lvar(f"mr{i}", "i32") for i in range(rm)]
 
     def step(k):
         stmts = []
         for i in range(rm):
-            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k))
+            radix = [(ab, None), (k, K), (mr[i], M)] if op.trans_a else [(ab, None), (mr[i], M), (k, K)]
+            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k), radix)
             stmts.append(Let(f"a{i}", kir.splat(a) if vec == 4 else a))
         for j in range(rn):
-            if gather:
-                cols = [lvar(f"nq{j}_{q}", "i32") for q in range(4)]
-                bv = kir.vec4(*(b.load(op.b, b_offv + (col * K + k if op.trans_b else k * N + col))
-                                for col in cols))
-            elif vec == 4:   # matmul_vec4_ok: B row-major, no prologue
+            if vec == 4:   # matmul_vec4_ok: B row-major, no prologue
                 bv = b.load4(op.b, b_offv + k * slots + nc[j])
             else:
-                bv = b.load(op.b, b_offv + (nc[j] * K + k if op.trans_b else k * N + nc[j]))
+                radix = [(bb, None), (nc[j], N), (k, K)] if op.trans_b else [(bb, None), (k, K), (nc[j], N)]
+                bv = b.load(op.b, b_offv + (nc[j] * K + k if op.trans_b else k * N + nc[j]), radix)
             stmts.append(Let(f"b{j}", bv))
         for i in range(rm):
             for j in range(rn):
@@ -110,33 +119,9 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     else:
         for k in range(main, K):
             body.append(kir.For(f"r{k}", i32(0), i32(1), step(i32(k)), unroll=True))
-    if gather:
-        body += _store_gathered(op, b, bz, wx, [(f"acc{i}_{j}", m0 + i, n0 + wx * 4 * j)
-                                                for i in range(rm) for j in range(rn)])
-    else:
-        body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
-                                                for i in range(rm) for j in range(rn)], vec)
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * wx)
+                                            for i in range(rm) for j in range(rn)], vec)
     return body, [], (-(-slots // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
-
-
-def _store_gathered(op: P.MatMul, b: Binder, bz, wx: int, blocks) -> list:
-    """Stores of vec4 accumulators whose lane q is column c + wx*q (`blocks` = [(acc name, row,
-    c)]): lane by lane through alpha and the epilogue, columns past N left out."""
-    M, N = op.m, op.n
-    out = b.name(op.out)
-    body = []
-    for name, r, c in blocks:
-        acc = lvar(name, "vec4f")
-        stores = [Let(f"o_{name}", bz * (M * N) + r * N + c)]
-        oo = lvar(f"o_{name}", "i32")
-        for q in range(4):
-            v = kir.lane(acc, q)
-            if op.alpha != 1.0:
-                v = v * op.alpha
-            o = oo + wx * q
-            stores.append(If(c + wx * q < N, [Store(out, o, epilogue(op, b, v, o))]))
-        body.append(If(r < M, stores))
-    return body
 
 
 def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
@@ -161,7 +146,8 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
             v = kir.lane(acc, q) if vec == 4 else acc
             if op.alpha != 1.0:
                 v = v * op.alpha
-            stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q)))
+            row, col = bz * M + r, c * vec + q
+            stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q, [(row, col, N)])))
         body.append(If(cond, stores))
     return body
 
@@ -449,6 +435,7 @@ def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
             acc = lvar(f"acc{i}_{j}", "f32")
             if op.alpha != 1.0:
                 acc = acc * op.alpha
-            body.append(If(kir.binary("and", r < M, c < N), [Store(out, o, epilogue(op, b, acc, o))]))
+            body.append(If(kir.binary("and", r < M, c < N),
+                           [Store(out, o, epilogue(op, b, acc, o, [(bz * M + r, c, N)]))]))
     shared = [kir.SharedArray("As", "f32", tk * tm), kir.SharedArray("Bs", "f32", tk * tn)]
     return body, shared, (-(-N // tn), -(-M // tm), max(numel(op.batch), 1))
