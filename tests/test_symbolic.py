@@ -128,7 +128,7 @@ def test_dynamic_module_round_trips():
     assert m.symbols == r.module.symbols and m.commands == r.module.commands
     assert [io.regs for io in m.outputs] == [io.regs for io in r.module.outputs]
     assert [io.shape for io in m.outputs] == [(1, 8, 512, 8), (1, 1, 64), (512,), (512,)]
-    assert m.buffers[[b.kind for b in m.buffers].index("params")].size == 4
+    assert m.buffers[[b.kind for b in m.buffers].index("params")].size == 16     # a uniform array<vec4<i32>, 1>
 
 
 @pytest.mark.slow
