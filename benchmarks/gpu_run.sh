@@ -18,10 +18,13 @@ right() {  # webiree bench marks a result above 1e-4 WRONG but exits 0: fail her
 bad = {k: v["rel_err"] for k, v in r.items() if k.startswith("webiree") and not v.get("rel_err", 0) <= 1e-4}
 sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not comparable" if bad else 0)' "$1"
 }
-# STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch
-STAGES=${STAGES:-variants models torch}
+# STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch, dynamic
+STAGES=${STAGES:-variants models torch dynamic}
 if [[ $STAGES == *variants* ]]; then
   python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt" || status=1
+fi
+if [[ $STAGES == *dynamic* ]]; then  # one build for a range of sizes vs. a build pinned to the size run
+  python3 benchmarks/dynamic_shapes.py --runs ${RUNS:-30} --json "$OUT/dynamic.json" 2>&1 | grep -v "^Forcing" || status=1
 fi
 [[ $STAGES == *models* || $STAGES == *torch* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
