@@ -174,15 +174,8 @@ TABLE = {
 
 
 def _planned_size(d):
-    """A symbolic size as the planner sees it: its value at the symbols' `opt` sizes (ir/sym.py),
-    odd unless the symbols make it a multiple of 4 (so a vec4 kernel is chosen only where every
-    size in the range allows it)."""
-    if not isinstance(d, Dim):
-        return d
-    v = max(typical(d), 1)
-    if isinstance(d % 4, Dim) or d % 4:
-        v = v | 1
-    return v
+    """A symbolic size as the planner sees it: its value at the symbols' `opt` sizes (ir/sym.py)."""
+    return d if not isinstance(d, Dim) else max(typical(d), 1)
 
 
 def planning_view(op: P.Op) -> P.Op:
@@ -199,6 +192,9 @@ def planning_view(op: P.Op) -> P.Op:
         return op
     view = dataclasses.replace(op, **changes)
     view.symbolic = frozenset(changes)      # which sizes vary (a planner may want to know)
+    # sizes not known to be multiples of 4 in every run: no vec4 rows along them (kernels.matmul)
+    view.unaligned = frozenset(f.name for f in dataclasses.fields(op) if isinstance(getattr(op, f.name), Dim)
+                               and (isinstance(getattr(op, f.name) % 4, Dim) or getattr(op, f.name) % 4))
     return view
 
 
@@ -209,6 +205,7 @@ def _aligned_variant(view: P.Op, cfg: KernelConfig, limits: dict) -> KernelConfi
             and cfg.strategy == S.REGISTER_BLOCKED):
         return None
     even = dataclasses.replace(view, n=max(view.n - view.n % 4, 4))
+    even.unaligned = view.unaligned - {"n"}
     if not matmul_vec4_ok(even):
         return None
     alt = _register_blocked(even, limits)

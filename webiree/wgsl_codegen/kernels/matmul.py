@@ -25,6 +25,22 @@ def _batch_indices(op: P.MatMul):
     return index(op.a_batch), index(op.b_batch)
 
 
+def _load_a(b: Binder, op: P.MatMul, ab, a_off, row, k):
+    """A[batch ab][row, k] (A's element offset a_off), telling a fused prologue its coordinates."""
+    M, K = op.m, op.k
+    if op.trans_a:
+        return b.load(op.a, a_off + k * M + row, [(ab, None), (k, K), (row, M)])
+    return b.load(op.a, a_off + row * K + k, [(ab, None), (row, M), (k, K)])
+
+
+def _load_b(b: Binder, op: P.MatMul, bb, b_off, col, k):
+    """B[batch bb][k, col] (B's element offset b_off), telling a fused prologue its coordinates."""
+    N, K = op.n, op.k
+    if op.trans_b:
+        return b.load(op.b, b_off + col * K + k, [(bb, None), (col, N), (k, K)])
+    return b.load(op.b, b_off + k * N + col, [(bb, None), (k, K), (col, N)])
+
+
 def _batch_offsets(op: P.MatMul):
     """(batch index expr, A's element offset, B's element offset) for workgroup z."""
     bz = kir.cast(kir.WID[2], "i32")
@@ -177,14 +193,15 @@ def check(strategy: Strategy, op: P.MatMul, limits: dict) -> str | None:
 
 
 def matmul_vec4_ok(op: P.MatMul) -> bool:
-    """B and C can be read and written as vec4 rows."""
-    return op.n % 4 == 0 and not op.trans_b and op.b not in op.prologues
+    """B and C can be read and written as vec4 rows (a planning view marks the symbolic sizes that
+    may not be multiples of 4 as `unaligned`: config.planning_view)."""
+    return op.n % 4 == 0 and "n" not in getattr(op, "unaligned", ()) and not op.trans_b and op.b not in op.prologues
 
 
 def matmul_subgroup_ok(op: P.MatMul) -> bool:
     """A can be read as vec4 along K (row-major, K a multiple of 4; four computed values where
     a prologue produces A); B is read row by row."""
-    return not op.trans_a and op.k % 4 == 0 and not op.trans_b
+    return not op.trans_a and op.k % 4 == 0 and "k" not in getattr(op, "unaligned", ()) and not op.trans_b
 
 
 def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
@@ -348,8 +365,9 @@ def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
             out += st if (step + 1) * per <= tk * rows else [If(idx < tk * rows, st)]
         return out
 
-    a_elem = lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k))  # noqa: E731
-    b_elem = lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c))  # noqa: E731
+    ab, bb = _batch_indices(op)
+    a_elem = lambda r, k: _load_a(b, op, ab, a_off, m0 + r, k)  # noqa: E731
+    b_elem = lambda c, k: _load_b(b, op, bb, b_off, n0 + c, k)  # noqa: E731
     inner = [Let("kb", (s * ks + tz) * tk)]
     inner += fill("As", a_sh, wy, a_elem, lambda r: m0 + r < M, not op.trans_a)
     inner += fill("Bs", b_sh, wx, b_elem, lambda c: n0 + c < N, op.trans_b)
@@ -368,7 +386,7 @@ def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
     val = total * op.alpha if op.alpha != 1.0 else total
     out = b.name(op.out)
     body.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)),
-                   [Let("sum", val), Store(out, o, epilogue(op, b, lvar("sum", "f32"), o))]))
+                   [Let("sum", val), Store(out, o, epilogue(op, b, lvar("sum", "f32"), o, [(bz * M + r, c, N)]))]))
     shared = [kir.SharedArray("As", "f32", ks * tk * wy), kir.SharedArray("Bs", "f32", ks * tk * wx),
               kir.SharedArray("red", "f32", ks * per)]
     return body, shared, (-(-N // wx), -(-M // wy), max(numel(op.batch), 1))
@@ -412,8 +430,9 @@ def _matmul_shared(op: P.MatMul, prog, cfg, limits, b: Binder):
             stmts.extend(fill if (step + 1) * nthreads <= total else [If(idx < total, fill)])
         return stmts
 
-    a_elem = (lambda r, k: b.load(op.a, a_off + (k * M + m0 + r if op.trans_a else (m0 + r) * K + k)))
-    b_elem = (lambda c, k: b.load(op.b, b_off + ((n0 + c) * K + k if op.trans_b else k * N + n0 + c)))
+    ab, bb = _batch_indices(op)
+    a_elem = (lambda r, k: _load_a(b, op, ab, a_off, m0 + r, k))
+    b_elem = (lambda c, k: _load_b(b, op, bb, b_off, n0 + c, k))
     inner = []
     inner += coop_load("As", tm, a_elem, lambda r: m0 + r < M, k_fastest=not op.trans_a)
     inner += coop_load("Bs", tn, b_elem, lambda c: n0 + c < N, k_fastest=op.trans_b)
