@@ -52,3 +52,18 @@ def test_kernel_ir_reads_symbols_from_the_dims_buffer():
     o = kir.var("o", "i32")
     cond = o < B * S
     assert {n.args[0].attr for n in kir.loads_of(cond)} == {0, 1}
+
+
+def test_radix_rules_skip_folded_keys():
+    """A size of 1 folds o // 1 to o and o % 1 to 0: those are never rewritten (they would replace
+    every use of o, or every constant 0, in a fused prologue)."""
+    from webiree.ir.program import O
+    from webiree.wgsl_codegen.kernels.common import radix_rules
+    b, r, k = kir.var("b", "i32"), kir.var("r", "i32"), kir.var("k", "i32")
+    rules = radix_rules([(b, None), (r, 1), (k, 64)])
+    assert all(key.op in ("div", "mod") for key in rules)
+    assert kir.i32(0) not in rules and O not in rules
+    assert rules[kir.binary("mod", O, kir.i32(64))] is r * 64 + k     # = k, as r < 1
+    rules = radix_rules([(b, None), (r, S), (k, 32)])          # a symbolic row count
+    assert rules[kir.binary("mod", kir.binary("div", O, kir.i32(32)), kir.i32(S))] is r
+    assert rules[kir.binary("div", O, kir.i32(S * 32))] is b

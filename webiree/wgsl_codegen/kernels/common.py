@@ -219,15 +219,22 @@ def radix_rules(radix) -> dict:
         for c, s in radix[j:]:
             suffix = suffix * s + c
         pk = kir.as_expr(p, "i32")
-        rules[kir.binary("div", O, pk)] = prefix
-        rules[kir.binary("mod", O, pk)] = suffix
+        _rule(rules, kir.binary("div", O, pk), prefix)
+        _rule(rules, kir.binary("mod", O, pk), suffix)
         inner = 1
         for _, s in radix[j + 1:]:
             inner = inner * s
         c, s = radix[j]
         below = O if inner == 1 else kir.binary("div", O, kir.as_expr(inner, "i32"))
-        rules[kir.binary("mod", below, kir.as_expr(s, "i32"))] = c
+        _rule(rules, kir.binary("mod", below, kir.as_expr(s, "i32")), c)
     return rules
+
+
+def _rule(rules: dict, key: kir.Expr, value: kir.Expr) -> None:
+    """Add key -> value unless construction folded the key (o // 1 is o itself and o % 1 the
+    constant 0: replacing those would rewrite every use of o or of 0)."""
+    if key.op in ("div", "mod") and key not in rules:
+        rules[key] = value
 
 
 def grid_for(n_groups, limits: dict) -> tuple:
@@ -269,8 +276,8 @@ def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr, splits=()) -> 
     mapping = {P.acc_var(acc.dtype): acc, O: o}
     for quotient, remainder, divisor in splits:
         d = kir.as_expr(divisor, "i32")
-        mapping[kir.binary("div", O, d)] = quotient
-        mapping[kir.binary("mod", O, d)] = remainder
+        _rule(mapping, kir.binary("div", O, d), quotient)
+        _rule(mapping, kir.binary("mod", O, d), remainder)
     return kir.substitute(b.expr(op.epilogue), mapping)
 
 
