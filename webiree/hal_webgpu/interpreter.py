@@ -264,7 +264,7 @@ class Interpreter:
         self.last_shapes = {**in_shapes, **out_shapes}
         items, readbacks, size = self._plan(frozenset(index[n] for n in wanted if n not in keep))
         if self.dynamic:
-            items, readbacks = self._at_run_size(items, readbacks, regs, out_shapes)
+            items, readbacks, size = self._at_run_size(items, readbacks, regs, out_shapes)
         times = await d.submit(items, profile)
         out = {}
         if keep:
@@ -288,24 +288,29 @@ class Interpreter:
 
     def _at_run_size(self, items, readbacks, regs, out_shapes):
         """A dynamic module's items with this run's workgroup counts (from the registers) and
-        its readbacks cut to the outputs' sizes in this run (a count of 0 skips the dispatch)."""
+        its readbacks cut to the outputs' sizes in this run, packed from the readback buffer's
+        start so only those bytes are mapped (a count of 0 skips the dispatch). Returns (items,
+        readbacks, bytes to read back)."""
         m = self.m
-        sized = []
+        sized, moved, at = [], {}, 0
+        for i, _, _, dst, _ in readbacks:
+            moved[dst] = (i, at)
+            at += _round4(4 * _numel(out_shapes[m.outputs[i].name]))
         for it in items:
             if it[0] == "dispatch_dyn":
                 grid = tuple(regs[r] for r in it[3])
                 if min(grid) > 0:
                     sized.append(("dispatch", it[1], it[2], grid))
             elif it[0] == "copy" and it[3] is self.readback:
-                i = next(i for i, _, _, dst, _ in readbacks if dst == it[4])
+                i, dst = moved[it[4]]
                 n = _round4(4 * _numel(out_shapes[m.outputs[i].name]))
                 if n:
-                    sized.append(it[:5] + (n,))
+                    sized.append(it[:4] + (dst, n))
             else:
                 sized.append(it)
-        readbacks = [(i, buf, off, dst, 4 * _numel(out_shapes[m.outputs[i].name]))
+        readbacks = [(i, buf, off, moved[dst][1], 4 * _numel(out_shapes[m.outputs[i].name]))
                      for i, buf, off, dst, _ in readbacks]
-        return sized, readbacks
+        return sized, readbacks, at
 
     async def read_tensor(self, t: DeviceTensor) -> bytes:
         """Read a device tensor back through a staging buffer of its size."""
