@@ -405,11 +405,10 @@ def constant_of_shape(ctx, node):
     shape = required_ints(ctx, node, 0, "ConstantOfShape's shape must be computed from the input shapes")
     value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    from ..lowering import to_internal_array
-    v = to_internal_array(value, node.outputs[0])
-    dt = internal_of_numpy(v.dtype)
+    dt = internal_of_numpy(value.dtype) or "f32"      # float16 / float64 are held as f32
     ctx.onnx_types[node.outputs[0]] = onnx_type_of_numpy(value.dtype)
-    c = kir.const(bool(v[0]) if dt == "bool" else float(v[0]) if dt == "f32" else int(v[0]), dt)
+    v = value[0]
+    c = kir.const(bool(v) if dt == "bool" else float(v) if dt == "f32" else int(v), dt)
     ctx.generic(node.outputs[0], shape, dt, lambda cs: c)
 
 
