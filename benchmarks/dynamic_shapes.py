@@ -17,9 +17,10 @@ symbolic axes as users export them):
   TensorRT-style min/opt/max profile); both run at 224 x 224.
 
 For each, `webiree.bench.bench` builds the pinned and the dynamic module, checks both against
-onnxruntime CPU on the same feeds and times each; then both sessions run again interleaved
-(pinned, dynamic, pinned, ...: the same adapter, settings, feeds and moment, so clock and load
-drift hit both alike), and the printed ratio is dynamic / pinned of those interleaved medians.
+onnxruntime CPU on the same feeds and times each; then both sessions run again in alternating
+turns of 10 runs (after warm-up runs each turn: the same adapter, settings, feeds and moment,
+so clock and load drift hit both alike), and the printed ratio is dynamic / pinned of those
+medians.
 A benchmark, not a test: it asserts nothing about speed.
 """
 
@@ -80,12 +81,14 @@ def interleaved(path: Path, case: dict, args) -> tuple[float, float]:
         sessions = [InferenceSession(Path(tmp) / "p"), InferenceSession(Path(tmp) / "d")]
         feeds = _feeds(sessions[0].module, None)
         times = [[], []]
-        for i in range(args.warmup + args.runs):
+        block = 10      # runs per turn: a turn per run would measure the switch between the two
+        for _ in range(max(1, args.runs // block)):
             for s, t in zip(sessions, times):
-                t0 = time.perf_counter()
-                s.run(None, feeds)
-                if i >= args.warmup:
-                    t.append((time.perf_counter() - t0) * 1e3)
+                for i in range(args.warmup + block):
+                    t0 = time.perf_counter()
+                    s.run(None, feeds)
+                    if i >= args.warmup:
+                        t.append((time.perf_counter() - t0) * 1e3)
         for s in sessions:
             s.close()
     return statistics.median(times[0]), statistics.median(times[1])
