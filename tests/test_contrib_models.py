@@ -109,19 +109,12 @@ def _build(name):
 def _export(name, path, dynamic=False):
     import torch
 
+    from webiree.testing.models import tuple_outputs
+
     model, feeds, outputs = _build(name)
     names = list(feeds)
-
-    class TupleOut(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, *args):
-            out = self.m(**dict(zip(names, args, strict=True)))
-            return tuple(out[k] for k in outputs)
-
-    torch.onnx.export(TupleOut(model), tuple(torch.from_numpy(v) for v in feeds.values()), str(path),
+    example = tuple(torch.from_numpy(v) for v in feeds.values())
+    torch.onnx.export(tuple_outputs(model, names, outputs), example, str(path),
                       input_names=names, output_names=outputs, opset_version=17, dynamo=False,
                       dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names} if dynamic else None)
     return feeds

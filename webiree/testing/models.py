@@ -225,6 +225,20 @@ def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, 
             if name.endswith("bias") or "LayerNorm" in name:
                 p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
     names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = tuple(torch.ones((2, 16), dtype=torch.int64) for _ in names)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(tuple_outputs(model, names, ["last_hidden_state", "pooler_output"]), example, str(path),
+                          input_names=names, output_names=["last_hidden_state", "pooler_output"], opset_version=17,
+                          dynamo=False, dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
+    return names
+
+
+def tuple_outputs(model, input_names: list, output_names: list):
+    """A torch module calling a `transformers` model with keyword inputs (in `input_names` order)
+    and returning its named outputs as a tuple, as torch.onnx.export wants it."""
+    import torch
 
     class TupleOut(torch.nn.Module):
         def __init__(self, m):
@@ -232,17 +246,9 @@ def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, 
             self.m = m
 
         def forward(self, *args):
-            out = self.m(**dict(zip(names, args, strict=True)))
-            return out["last_hidden_state"], out["pooler_output"]
-
-    example = tuple(torch.ones((2, 16), dtype=torch.int64) for _ in names)
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(TupleOut(model), example, str(path), input_names=names,
-                          output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
-                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
-    return names
+            out = self.m(**dict(zip(input_names, args, strict=True)))
+            return tuple(out[k] for k in output_names)
+    return TupleOut(model)
 
 
 def bert_feeds(batch: int, seq: int, seed: int = 0) -> dict:
