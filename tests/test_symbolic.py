@@ -180,3 +180,20 @@ def test_cli_builds_and_inspects_a_dynamic_site(tmp_path, capsys):
     sess = webiree.InferenceSession(str(tmp_path / "site"))
     x = np.ones((1, 5, 64), np.float32)
     assert [a.shape for a in sess.run(None, {"x": x})] == [(1, 8, 5, 8), (1, 1, 64), (5,), (5,)]
+
+
+def test_interpreter_run_takes_shapes():
+    """The pure-Python interpreter's run() (what a Python caller without numpy uses) takes
+    (data, type, shape) for a dynamic module and returns this run's outputs."""
+    import array
+
+    from webiree.hal_webgpu.hal import run_sync
+    model = shape_arith_model()
+    _, sess = _session(model, dims={"seq": (1, 64)})
+    x = np.random.default_rng(3).standard_normal((1, 5, 64)).astype(np.float32)
+    out = run_sync(sess.interp.run({"x": (array.array("f", x.ravel().tolist()), 1, (1, 5, 64))}))
+    assert sess.interp.last_shapes["heads"] == (1, 8, 5, 8) and sess.interp.last_shapes["pos"] == (5,)
+    heads, _ = out["heads"]
+    want = ort_run(model, {"x": x})[0]
+    assert len(heads) == want.size
+    assert_close(np.asarray(heads, np.float32).reshape(want.shape), want)

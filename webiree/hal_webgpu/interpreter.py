@@ -326,9 +326,10 @@ class Interpreter:
         return bytes(memoryview(raw)[:t.size])
 
     async def run(self, feeds: dict, profile: bool = False, keep=()):
-        """feeds: name -> (data, onnx_type or None) or a DeviceTensor. Returns {name: (array.array,
-        onnx_type)}, with a DeviceTensor for each output named in keep."""
-        enc = {}
+        """feeds: name -> (data, onnx_type or None[, shape]) or a DeviceTensor (a dynamic module's
+        inputs need their shape). Returns {name: (array.array, onnx_type)}, with a DeviceTensor for
+        each output named in keep; `last_shapes` holds this run's shapes."""
+        enc, shapes = {}, {}
         by_name = {io.name: io for io in self.m.inputs}
         for name, value in feeds.items():
             if name not in by_name:
@@ -336,8 +337,10 @@ class Interpreter:
             if isinstance(value, DeviceTensor):
                 enc[name] = value
                 continue
-            data, onnx_type = value if isinstance(value, tuple) else (value, None)
-            enc[name] = encode_input(by_name[name], data, onnx_type)
-        raw, _ = await self.run_raw(enc, profile, keep)
+            data, onnx_type, *shape = value if isinstance(value, tuple) else (value, None)
+            if shape:
+                shapes[name] = tuple(shape[0])
+            enc[name] = encode_input(by_name[name], data, onnx_type, shapes.get(name))
+        raw, _ = await self.run_raw(enc, profile, keep, shapes=shapes)
         return {io.name: raw[io.name] if isinstance(raw[io.name], DeviceTensor) else decode_output(io, raw[io.name])
                 for io in self.m.outputs}
