@@ -148,9 +148,14 @@ def test_bert_from_transformers_one_build_every_length(tmp_path):
             assert hidden.shape == (batch, seq, 64) and pooled.shape == (batch, 64)
 
 
-def test_cnn_with_symbolic_height_and_width():
+@pytest.mark.parametrize("target", ["default", "cpu"])
+def test_cnn_with_symbolic_height_and_width(target):
+    """GPU kernels and CPU kernels; on CPU the 1x1 convolution's matmul over N = H/2 * W/2 holds a
+    vec4 variant for N % 4 == 0 (32 x 32) beside the scalar one (45 x 61, 96 x 17)."""
     model = M.small_cnn(size=None)
-    _, sess = _session(model, dims={"height": (16, 96), "width": (16, 96)})
+    r, sess = _session(model, dims={"height": (16, 96), "width": (16, 96)}, target=target)
+    versioned = [d for d in r.module.info["dispatches"] if "aligned" in d["config"]]
+    assert len(versioned) == (1 if target == "cpu" else 0)
     for h, w in ((32, 32), (45, 61), (96, 17)):
         x = np.random.default_rng(h).standard_normal((1, 3, h, w)).astype(np.float32)
         (probs,) = _check(sess, model, {"image": x})

@@ -69,8 +69,6 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     body4, shared4, grid4 = builder(op, prog, cfg.aligned, limits, b)
     aligned = 1 - dmin(op.n % 4, 1)          # 1 where N % 4 == 0, else 0
     grid = tuple(g1 + aligned * (g4 - g1) for g1, g4 in zip(grid1, grid4))
-    import os
-    if os.environ.get("EXP_ONLY4"): return body4, shared4, grid
     return [If(kir.binary("eq", kir.i32(op.n % 4), kir.i32(0)), body4, body1)], shared1 + shared4, grid
 
 
