@@ -51,11 +51,22 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("pysites")
 
 
+def _state_model():
+    """y = 2x + 1 over [4, 8]: an output that can be fed back as the input (GPU-resident tests)."""
+    from onnx import TensorProto, helper
+
+    from webiree.testing.models import make_model
+    f = TensorProto.FLOAT
+    return make_model([helper.make_node("Mul", ["x", "two"], ["t"]), helper.make_node("Add", ["t", "one"], ["y"])],
+                      [helper.make_tensor_value_info("x", f, [4, 8])], [helper.make_tensor_value_info("y", f, [4, 8])],
+                      {"two": np.array(2.0, np.float32), "one": np.array(1.0, np.float32)}, name="state")
+
+
 @pytest.fixture(scope="module")
 def sites(root):
     """name -> (model, feeds); mlp carries its own Pyodide, the rest share root/pyodide/."""
     built = {}
-    for name, make in {"mlp": mlp, "small_cnn": small_cnn}.items():
+    for name, make in {"mlp": mlp, "small_cnn": small_cnn, "state": _state_model}.items():
         model = make()
         webiree.compile(model, root / name, pyodide=(name == "mlp"))
         built[name] = (model, sample_inputs(model))
@@ -393,6 +404,46 @@ def test_runs_reuse_prepared_work(pypage, server):
     assert c == {"createBindGroup": n, "createComputePipelineAsync": r["executables"], "createCommandEncoder": 0,
                  "createBuffer": r["buffers"] + 1}   # + the one readback buffer
     assert r["ran"] == {**c, "createCommandEncoder": 3}
+
+
+KEEP_PY = """
+import array, json
+import webiree_runtime as wr
+sess = await wr.InferenceSession.create("../state/")
+x = array.array("f", [float(i % 5) for i in range(32)])
+(kept,) = await sess.run(None, {"x": (x, [4, 8])}, keep=["y"])
+first, t = await kept.read_value()
+(second,) = await sess.run(None, {"x": kept})          # copied on the GPU into the input
+kept.release()
+try:
+    await sess.run(None, {"x": kept})
+    released = "ran"
+except wr.FeedError as e:
+    released = e.message
+try:
+    await sess.run(None, {"x": (x, [4, 8])}, keep=["z"])
+    bad_keep = "ran"
+except wr.FeedError as e:
+    bad_keep = e.message
+await sess.release()
+json.dumps({"type": type(kept).__name__, "shape": list(kept.shape), "first": list(first), "onnx": t,
+            "second": list(second.data), "second_shape": list(second.shape), "released": released,
+            "bad_keep": bad_keep})
+"""
+
+
+def test_outputs_stay_on_the_gpu(pypage, server):
+    """keep= in Pyodide: the output comes back as a DeviceTensor (not read back), reads back on
+    demand, feeds the next run on the GPU; a released one and an unknown keep name are feed errors."""
+    r = py(pypage, KEEP_PY)
+    assert "error" not in r, r
+    x = np.array([float(i % 5) for i in range(32)], np.float32)
+    assert r["type"] == "DeviceTensor" and r["shape"] == [4, 8] and r["onnx"] == 1
+    np.testing.assert_array_equal(np.array(r["first"], np.float32), 2 * x + 1)
+    np.testing.assert_array_equal(np.array(r["second"], np.float32), 2 * (2 * x + 1) + 1)
+    assert r["second_shape"] == [4, 8]
+    assert "was released" in r["released"]
+    assert r["bad_keep"].startswith("keep names ['z']")
 
 
 def test_cli_build_with_pyodide(tmp_path, monkeypatch):

@@ -18,6 +18,11 @@ is there. Results are `Tensor`s holding an array.array, at their shape in that r
 (a dynamic build's outputs vary with the fed sizes); `get_inputs()` shows a
 varying dim by its symbol's name, as onnxruntime does.
 
+Outputs can stay on the GPU: `await sess.run(None, feeds, keep=["present"])`
+returns a `DeviceTensor` for `present` (no readback); feed it to the next run of
+the same session (copied on the GPU), `await t.read_value()` reads it back as
+(array.array, ONNX type), `t.release()` frees it.
+
 `Tokenizer` is webiree.text's (a Hugging Face tokenizer.json: WordPiece, byte-level
 BPE), the same pure-Python code as natively, with `await Tokenizer.from_url(url)`.
 
@@ -36,14 +41,14 @@ from ..dtypes import BY_ONNX, DTYPES
 from ..errors import DeviceError, FeedError, ModelError, WebireeError
 from ..hal_webgpu.feeds import (bind_dims, check_names, check_shape, declared_shape, decode_output, encode_input,
                                 type_name)
-from ..hal_webgpu.interpreter import Interpreter
+from ..hal_webgpu.interpreter import DeviceTensor, Interpreter
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from ..module.format import ModuleFormatError, read_module
 from ..text import Encoding
 from ..text import Tokenizer as _TextTokenizer
 from ..version import __version__
 
-__all__ = ["InferenceSession", "Tensor", "NodeArg", "Tokenizer", "Encoding", "WebireeError", "FeedError",
+__all__ = ["InferenceSession", "Tensor", "DeviceTensor", "NodeArg", "Tokenizer", "Encoding", "WebireeError", "FeedError",
            "DeviceError", "ModelError", "load_sample", "fetch_bytes", "__version__"]
 
 TYPE_OF_NAME = {d.name: d.onnx for d in DTYPES if d.name != "string"}
@@ -314,8 +319,10 @@ class InferenceSession:
         return [NodeArg(io.name, declared_shape(self.module, io), _ort_type(io.onnx_type))
                 for io in self.module.outputs]
 
-    async def run(self, output_names, input_feed, *, profile: bool = False) -> list:
-        """Run once. Returns a list of Tensor (all outputs, or those named), in order."""
+    async def run(self, output_names, input_feed, *, profile: bool = False, keep=()) -> list:
+        """Run once. Returns a list of Tensor (all outputs, or those named), in order; an output
+        named in `keep` stays on the GPU and comes back as a DeviceTensor, which a later run of
+        this session takes as a feed."""
         if self._released:
             raise DeviceError("the session was released", hint="create a new session")
         if hasattr(input_feed, "to_py") and not isinstance(input_feed, dict):
@@ -324,14 +331,22 @@ class InferenceSession:
             raise FeedError("feeds must be a dict {input name: (data, shape)}")
         by_name = {io.name: io for io in self.module.inputs}
         wanted = check_names(self.module, input_feed, output_names)
-        fed = {name: _feed(self.module, by_name[name], value) for name, value in input_feed.items()}
+        keep = [keep] if isinstance(keep, str) else list(keep or ())
+        if any(n not in wanted for n in keep):
+            raise FeedError(f"keep names {[n for n in keep if n not in wanted]}, not among the outputs returned",
+                            hint=f"keep names outputs of the model that run returns ({wanted})")
+        on_gpu = {name: v for name, v in input_feed.items() if isinstance(v, DeviceTensor)}
+        fed = {name: _feed(self.module, by_name[name], value) for name, value in input_feed.items()
+               if name not in on_gpu}
         shapes = {name: shape for name, (_, _, shape) in fed.items() if shape is not None}
+        shapes.update({name: t.shape for name, t in on_gpu.items()})
         if self.module.symbols:
             bind_dims(self.module, shapes)   # every size in its range before any data is converted
-        enc = {name: encode_input(by_name[name], data, onnx_type, shape=shapes[name])
+        enc = {name: encode_input(by_name[name], data, onnx_type, shape=shapes.get(name))
                for name, (data, onnx_type, _) in fed.items()}
+        enc.update(on_gpu)
         async with self._lock:   # one run at a time: they share the input and readback buffers
-            raw, times = await self.interp.run_raw(enc, profile, shapes=shapes)
+            raw, times = await self.interp.run_raw(enc, profile, keep=keep, outputs=wanted, shapes=shapes)
             run_shapes = self.interp.last_shapes
         if profile and times is not None:
             ds = self.module.info.get("dispatches") or []
@@ -339,6 +354,11 @@ class InferenceSession:
                                  for i, t in enumerate(times)]
         outs = {}
         for io in self.module.outputs:
+            if io.name not in raw:
+                continue
+            if isinstance(raw[io.name], DeviceTensor):
+                outs[io.name] = raw[io.name]
+                continue
             data, t = decode_output(io, raw[io.name])
             outs[io.name] = Tensor(t, data, run_shapes[io.name], io.name)
         return [outs[n] for n in wanted]
