@@ -94,43 +94,6 @@ def interleaved(path: Path, case: dict, args) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def profile(path: Path, case: dict, limits: str, runs: int = 5) -> None:
-    """Per-dispatch GPU time (timestamp queries) of the pinned and the dynamic build, same feeds."""
-    import collections
-    import statistics
-
-    from webiree.bundler.site import resolve_target
-    from webiree.bench import _feeds
-    from webiree.compiler.driver import compile_model
-    from webiree.session import InferenceSession
-    times, feeds = {}, None
-    for label, dims in (("pinned", case["dims"]), ("dynamic", {**case["dims"], **case["dynamic"]})):
-        r = compile_model(str(path), dims=dims, target=resolve_target(limits))
-        sess = InferenceSession.from_module(r.module, r.weights)
-        feeds = feeds or _feeds(sess.module, None)
-        per = collections.defaultdict(list)
-        for i in range(runs + 2):
-            sess.run(None, feeds, profile=True)
-            if i >= 2 and sess.last_profile:
-                for t, d in zip(sess.last_profile, r.module.info["dispatches"]):
-                    per[(d["name"], d["kind"])].append(t / 1e6)
-        times[label] = {k: statistics.median(v) for k, v in per.items()}
-        sess.close()
-    if not times["pinned"]:
-        print("  (no timestamp queries on this adapter)")
-        return
-    for label, t in times.items():
-        kinds = collections.Counter()
-        for (_, kind), ms in t.items():
-            kinds[kind] += ms
-        print(f"  {label:8s} GPU {sum(t.values()):8.3f} ms: " + ", ".join(f"{k} {v:.3f}" for k, v in kinds.most_common()))
-    diff = sorted(set(times["pinned"]) | set(times["dynamic"]),
-                  key=lambda k: times["pinned"].get(k, 0) - times["dynamic"].get(k, 0))
-    for k in diff[:6]:
-        print(f"    {k[0][-50:]:50s} {k[1]:9s} pinned {times['pinned'].get(k, 0):.3f} ms, "
-              f"dynamic {times['dynamic'].get(k, 0):.3f} ms")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20)
@@ -139,8 +102,6 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", choices=list(CASES))
     p.add_argument("--submit-chunk", type=int, default=0)
     p.add_argument("--json")
-    p.add_argument("--profile", action="store_true",
-                   help="also print each build's GPU time per dispatch kind and the dispatches that differ most")
     args = p.parse_args(argv)
     from webiree.bench import bench
     out = {}
@@ -164,8 +125,6 @@ def main(argv=None) -> int:
                   f"{dyn['rel_err']:.1e}; adapter {r['adapter'].get('device', '?')}", flush=True)
             out[name] = {"pinned_ms": pinned["median_ms"], "dynamic_ms": dyn["median_ms"], "ratio": ratio,
                          "adapter": r["adapter"], "runs": args.runs}
-            if args.profile:
-                profile(path, case, args.limits)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0

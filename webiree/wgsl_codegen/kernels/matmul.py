@@ -43,16 +43,8 @@ def _load_b(b: Binder, op: P.MatMul, bb, b_off, col, k):
 
 def _batch_offsets(op: P.MatMul):
     """(batch index expr, A's element offset, B's element offset) for workgroup z."""
-    bz = kir.cast(kir.WID[2], "i32")
-    bcoords = P.coords_of(bz, op.batch) if op.batch else []
-
-    def offset(shape):
-        if not shape:
-            return i32(0)
-        k = len(op.batch) - len(shape)
-        cs = [i32(0) if shape[i] == 1 else bcoords[k + i] for i in range(len(shape))]
-        return P.flat_of(cs, shape)
-    return bz, offset(op.a_batch) * (op.m * op.k), offset(op.b_batch) * (op.k * op.n)
+    ab, bb = _batch_indices(op)
+    return kir.cast(kir.WID[2], "i32"), ab * (op.m * op.k), bb * (op.k * op.n)
 
 
 def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
@@ -108,15 +100,13 @@ def _matmul_registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     def step(k):
         stmts = []
         for i in range(rm):
-            radix = [(ab, None), (k, K), (mr[i], M)] if op.trans_a else [(ab, None), (mr[i], M), (k, K)]
-            a = b.load(op.a, a_off + (k * M + mr[i] if op.trans_a else mr[i] * K + k), radix)
+            a = _load_a(b, op, ab, a_off, mr[i], k)
             stmts.append(Let(f"a{i}", kir.splat(a) if vec == 4 else a))
         for j in range(rn):
             if vec == 4:   # matmul_vec4_ok: B row-major, no prologue
                 bv = b.load4(op.b, b_offv + k * slots + nc[j])
             else:
-                radix = [(bb, None), (nc[j], N), (k, K)] if op.trans_b else [(bb, None), (k, K), (nc[j], N)]
-                bv = b.load(op.b, b_offv + (nc[j] * K + k if op.trans_b else k * N + nc[j]), radix)
+                bv = _load_b(b, op, bb, b_offv, nc[j], k)
             stmts.append(Let(f"b{j}", bv))
         for i in range(rm):
             for j in range(rn):
