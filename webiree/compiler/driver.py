@@ -1,7 +1,7 @@
 """The compiler pipeline, stage by stage (DESIGN.md: data flows one way).
 
     import -> lower (fold constants, canonical ops) -> fold_pad_into_conv -> dce -> fuse -> dce
-           -> plan memory -> kernels (config + kernel IR; per target: legalize the
+           -> pack constants (narrow storage, ir/packing.py) -> plan memory -> kernels (config + kernel IR; per target: legalize the
               kernel for the renderer -> WGSL text / SPIR-V words, validated)
            -> schedule module + weights blob
 
@@ -26,7 +26,7 @@ from ..module import format as F
 from ..target import Target
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
-from ..ir import kir
+from ..ir import kir, packing
 from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
 from . import memory, passes
@@ -155,6 +155,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     stage[0] = "fuse"
     passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"])
     passes.dce(prog)
+    passes.pack_constants(prog)
     if "fuse" in dump_after:
         dumps["fuse"] = prog.summary()
     stage[0] = "memory"
@@ -209,10 +210,8 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         pos += plan.buffers[i].size
     blob = bytearray(pos)
     for name, page, off in plan.weights:
-        data = np.ascontiguousarray(prog.tensors[name].data)
-        if data.dtype == np.bool_:
-            data = data.astype(np.uint32)
-        raw = data.astype(data.dtype.newbyteorder("<")).tobytes()
+        t = prog.tensors[name]
+        raw = packing.encode(t.data, t.pack)
         start = page_offset[page] + off
         blob[start:start + len(raw)] = raw
     buffers = [F.BufferInfo(b.kind, b.size, page_offset.get(i, 0), b.name) for i, b in enumerate(plan.buffers)]

@@ -1,7 +1,9 @@
 """Lowering: Graph IR (ONNX nodes) -> Program (canonical ops).
 
 Walks the nodes in order. A node whose inputs are all constants is folded
-with ONNX's reference evaluator (so shape subgraphs vanish); every other node
+with ONNX's reference evaluator (so shape subgraphs vanish), unless its value
+would take more bytes than the constants it reads (`widens`: dequantizing int8
+weights; a kernel computes those from the narrow constants); every other node
 goes to its op's handler in `ops/`, found by name (DESIGN.md contract 1). A
 handler computes its output shapes (the op's shape rule) and emits canonical
 ops through the `Lowering` context below.
@@ -24,7 +26,7 @@ import onnx
 from onnx import helper
 
 from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, WebireeError
-from ..ir import kir
+from ..ir import kir, packing
 from ..ir.kir import Expr
 from .expand import expand_function
 from ..dtypes import name_of, rounded_of
@@ -302,6 +304,16 @@ def check_fold_size(node: Node, values: list, opset: int, known: dict) -> None:
                              hint="the constant inputs of this node ask for an enormous tensor; check them")
 
 
+WIDEN_MIN_BYTES = 64 << 10     # folds to values smaller than this are always kept
+
+
+def widens(args: list, values: list) -> bool:
+    """Whether folding a node would store more bytes than its constant inputs take (each counted
+    in its narrowest exact form, ir/packing.py), for a result of WIDEN_MIN_BYTES or more."""
+    out = sum(packing.narrow_bytes(v) for v in values)
+    return out >= WIDEN_MIN_BYTES and out > sum(packing.narrow_bytes(a) for a in args if a is not None)
+
+
 def fold_node(node: Node, values: list, opset: int, domain: str = "") -> list[np.ndarray]:
     """Evaluate one node on constant inputs with onnx's reference evaluator."""
     from onnx.reference import ReferenceEvaluator
@@ -386,10 +398,14 @@ def _lower(ctx, graph, registry) -> Program:
                     handler(ctx, node)
                     if ctx.pending:
                         queue.extendleft(reversed(ctx.pending))
-                else:
+                    continue
+                if handler is None or not widens(args, values):
                     for o, v in zip([o for o in node.outputs if o], values):
                         ctx.set_const(o, v)
-                continue
+                    continue
+                # folding would store a larger constant than the ones it reads (a DequantizeLinear of
+                # int8 weights, a Cast of halves, a fill): a kernel computes it from them each run,
+                # fused into its reader where it can be, and the weights keep their shipped size
             if handler is None:
                 body = expand_function(ctx, node)
                 if body is None:

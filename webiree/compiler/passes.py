@@ -23,11 +23,14 @@ Fusion has three rules, applied in order:
    attention's bias + transpose + 1/sqrt(d) feed the score MatMul directly.
 
 No rule may exceed the number of storage buffers one kernel can bind.
+
+`pack_constants` runs last: each constant is given the narrow storage form
+that holds its values exactly (weights keep the size they were shipped in).
 """
 
 from __future__ import annotations
 
-from ..ir import kir
+from ..ir import kir, packing
 from ..ir.program import O, Anchor, Conv, Generic, Program
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
@@ -195,6 +198,16 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             a.nodes = p.nodes + [n for n in a.nodes if n not in p.nodes]
             prog.ops.remove(p)
             readers = _readers(prog)
+    return prog
+
+
+def pack_constants(prog: Program) -> Program:
+    """Store every constant in the narrowest form that holds its values exactly (ir/packing.py):
+    a float16 model's weights go back to halves, int8 and 4-bit weights to bytes. Kernels decode
+    on load (wgsl_codegen/kernels/common.py Binder), so nothing else changes."""
+    for t in prog.tensors.values():
+        if t.kind == "const" and t.alias_of is None and t.data is not None:
+            t.pack = packing.choose(t.data)
     return prog
 
 

@@ -12,7 +12,8 @@ name does: `erf`; `tanh` (exactly +-1 for large |x|, NaN passes through);
 finite floats); `round_f16` / `round_bf16` (an f32 rounded to the nearest float16 /
 bfloat16, ties to even, still held as f32: overflow gives inf, NaN stays NaN); integer `div` / `mod` (WGSL's: x / 0 = x, x % 0 = 0,
 MIN / -1 = MIN, MIN % -1 = 0); shifts (amount taken mod 32); f32 -> i32 / u32
-`cast` (saturating); bool in storage (u32 0 / 1). The legalization writes each
+`cast` (saturating); bool in storage (u32 0 / 1); `unpack_f16` (the half in a word's low
+16 bits, subnormals exact). The legalization writes each
 of these, once, in primitive ops for a renderer that lacks it.
 
 Expressions are hash-consed (the constructors return the same object for the same
@@ -64,7 +65,7 @@ def _wrap_i32(v: int) -> int:
 class Expr:
     """A typed, immutable, hash-consed expression node.
 
-    op:    'const' | 'var' | 'load' | 'sload' | 'cast' | 'bitcast' | 'select' | 'fma' | 'sgbcast'
+    op:    'const' | 'var' | 'load' | 'sload' | 'cast' | 'bitcast' | 'select' | 'fma' | 'sgbcast' | 'unpack_f16'
            | 'clamp' | a key of BINARY | a member of UNARY
     dtype: the scalar type of the value
     args:  child expressions
@@ -286,6 +287,11 @@ def cast(x: Expr, dtype: str) -> Expr:
 
 def bitcast(x: Expr, dtype: str) -> Expr:
     return x if x.dtype == dtype else _make("bitcast", dtype, (x,))
+
+
+def unpack_f16(word: Expr) -> Expr:
+    """The IEEE half in the low 16 bits of the u32 `word`, as f32 (exact: subnormals, inf, NaN)."""
+    return _make("unpack_f16", "f32", (as_expr(word, "u32"),))
 
 
 def splat(x: Expr) -> Expr:

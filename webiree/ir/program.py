@@ -96,10 +96,15 @@ class Tensor:
     kind: str = "temp"          # 'input' | 'output' | 'const' | 'temp' | 'params' (the dims buffer)
     data: np.ndarray | None = None   # for constants (already in the internal dtype)
     alias_of: str | None = None      # for views: the tensor whose buffer this reuses
+    pack: str | None = None          # constants: the narrow form weights.bin stores it in (ir/packing.py)
 
     @property
     def nbytes(self) -> int:
         """Bytes at the largest size the declared ranges allow (what memory is planned for)."""
+        if self.pack is not None:
+            from .packing import PACKS
+            per_word = 32 // PACKS[self.pack].bits
+            return 4 * -(-upper(numel(self.shape)) // per_word)
         return 4 * upper(numel(self.shape))
 
 

@@ -40,6 +40,7 @@ FEATURES = {
     "bool_storage": "bool elements of storage buffers and workgroup arrays",
     "round_f16": "an f32 rounded to the nearest float16 (ties to even, overflow to inf, NaN kept), as f32",
     "round_bf16": "an f32 rounded to the nearest bfloat16 (ties to even, NaN kept), as f32",
+    "unpack_f16": "the IEEE half in the low 16 bits of a u32, as f32 (subnormals exact)",
 }
 
 # f32 bounds of a saturating conversion: the largest f32 values inside each integer range
@@ -92,7 +93,7 @@ class _Legalizer:
 def feature(n: Expr, bool_memory=frozenset()) -> str | None:
     """The feature of FEATURES that the node `n` relies on, if any."""
     op = n.op
-    if op in ("erf", "tanh", "isnan", "isinf", "round_f16", "round_bf16"):
+    if op in ("erf", "tanh", "isnan", "isinf", "round_f16", "round_bf16", "unpack_f16"):
         return op
     if op in ("div", "mod") and n.dtype in ("i32", "u32"):
         return "int_divmod_total"
@@ -220,10 +221,25 @@ def _round_bf16(lg, n):
     return kir.bitcast(kir.select(kir.binary("gt", a, _u32(0x7F800000)), nan, rounded), "f32")
 
 
+def _unpack_f16(lg, n):
+    """Exponent rebiased (15 -> 127) for normal halves, inf / NaN kept (payload shifted along), and a
+    subnormal's integer mantissa times 2^-24, which is exact in f32."""
+    h = kir.binary("band", n.args[0], _u32(0xFFFF))
+    sign = kir.binary("shl", kir.binary("band", h, _u32(0x8000)), _u32(16))
+    e = kir.binary("band", kir.binary("shr", h, _u32(10)), _u32(0x1F))
+    m = kir.binary("band", h, _u32(0x3FF))
+    exp = kir.select(kir.binary("eq", e, _u32(0x1F)), _u32(0xFF << 23),
+                     kir.binary("shl", kir.binary("add", e, _u32(112)), _u32(23)))
+    normal = kir.bitcast(kir.binary("bor", kir.binary("bor", sign, exp), kir.binary("shl", m, _u32(13))), "f32")
+    tiny = kir.binary("mul", kir.cast(m, "f32"), kir.f32(2.0 ** -24))
+    tiny = kir.select(kir.binary("eq", sign, _u32(0)), tiny, kir.unary("neg", tiny))
+    return kir.select(kir.binary("eq", e, _u32(0)), tiny, normal)
+
+
 RULES = {
     "erf": _erf, "tanh": _tanh, "isnan": _float_class, "isinf": _float_class,
     "int_divmod_total": _int_divmod, "shift_mod32": _shift, "saturating_cast": _saturating_cast,
     "cast_to_bool": _cast_to_bool, "cast_from_bool": _cast_from_bool, "bool_storage": _bool_load,
-    "round_f16": _round_f16, "round_bf16": _round_bf16,
+    "round_f16": _round_f16, "round_bf16": _round_bf16, "unpack_f16": _unpack_f16,
 }
 assert RULES.keys() == FEATURES.keys()

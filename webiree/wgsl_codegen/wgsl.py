@@ -19,8 +19,9 @@ from ..ir import kir
 from ..ir.kir import Expr
 
 # legalize.FEATURES that WGSL itself guarantees (integer division, shifts and f32 -> int
-# conversions are defined for every operand; i32(b) / f32(b) convert a bool)
-SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cast_from_bool"})
+# conversions are defined for every operand; i32(b) / f32(b) convert a bool; unpack2x16float
+# converts a half exactly)
+SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cast_from_bool", "unpack_f16"})
 
 TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "vec4f": "vec4<f32>"}
 
@@ -114,6 +115,8 @@ class _Renderer:
             return f"({PREFIX[op]}{self.expr(a[0], names)})"
         if op == "splat":
             return f"vec4<f32>({self.expr(a[0], names)})"
+        if op == "unpack_f16":
+            return f"unpack2x16float({self.expr(a[0], names)}).x"
         if op == "lane":
             return f"{self.expr(a[0], names)}.{e.attr}"
         if op == "sgbcast":

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from ...ir import program as P
 from ...ir.program import O, numel
-from ...ir import kir
+from ...ir import kir, packing
 from ...ir.kir import For, If, Let, f32, i32, lvar
 from ...errors import LimitsError
 from ...ir.sym import DIMS_BUFFER, Dim, ceildiv, dmin, provably, upper
@@ -106,7 +106,8 @@ class Binder:
     """Assigns binding slots to tensors and renames loads in expressions.
 
     A tensor may be bound twice: as its scalar array and as array<vec4<f32>>
-    (`vec=True`) for wide loads and stores."""
+    (`vec=True`) for wide loads and stores. A constant stored in a narrow form
+    (`Tensor.pack`, ir/packing.py) is bound as array<u32> and decoded where it is read."""
 
     def __init__(self, prog: P.Program, prologues: dict | None = None):
         self.prog = prog
@@ -118,6 +119,19 @@ class Binder:
         if key not in self.slots:
             self.slots.append(key)
         return f"b{self.slots.index(key)}"
+
+    def pack(self, tensor: str) -> str | None:
+        """The narrow form a constant input is stored in (ir/packing.py), None for 32-bit storage."""
+        if tensor in self.prologues:
+            return None
+        return self.prog.tensors[self.prog.root(tensor)].pack
+
+    def _read(self, tensor: str, index: kir.Expr, dtype: str) -> kir.Expr:
+        """A buffer read of one element: a plain load, or the decode of a packed constant."""
+        pack = self.prog.tensors[self.prog.root(tensor)].pack
+        if pack is not None:
+            return packing.load(self.name(tensor), index, pack, dtype)
+        return kir.load(self.name(tensor), index, dtype)
 
     def dtype(self, tensor: str) -> str:
         """Element type of an input, also when a fused prologue computes it."""
@@ -137,13 +151,13 @@ class Binder:
             if radix:
                 mapping.update(radix_rules(radix))
             return kir.substitute(self.expr(self.prologues[tensor]), mapping)
-        return kir.load(self.name(tensor), index, self.dtype(tensor))
+        return self._read(tensor, index, self.dtype(tensor))
 
     def load4(self, tensor: str, index4) -> kir.Expr:
         """Elements 4*index4 .. 4*index4+3 of an f32 tensor as one vec4f (four computed
         elements where a fused prologue produces the tensor)."""
         index4 = kir.as_expr(index4, "i32")
-        if tensor in self.prologues:
+        if tensor in self.prologues or self.pack(tensor) is not None:
             return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
         return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 
@@ -152,7 +166,7 @@ class Binder:
         dims buffer's stay by name: bind_dims reads them once per kernel)."""
         def fn(node):
             if node.op == "load" and node.attr != DIMS_BUFFER:
-                return kir.load(self.name(node.attr), kir.substitute(node.args[0], {"__fn__": fn}), node.dtype)
+                return self._read(node.attr, kir.substitute(node.args[0], {"__fn__": fn}), node.dtype)
             return None
         return kir.substitute(e, {"__fn__": fn})
 
@@ -161,7 +175,8 @@ class Binder:
         if not any(t == out for t, _ in self.slots):
             self.name(out)
         tensors = self.prog.tensors
-        return [kir.Binding(i, f"b{i}", "vec4f" if vec else tensors[t].dtype, writes=(t == out),
+        return [kir.Binding(i, f"b{i}", "vec4f" if vec else "u32" if tensors[t].pack else tensors[t].dtype,
+                            writes=(t == out),
                             uniform=numel(tensors[t].shape) if tensors[t].kind == "params" else 0)
                 for i, (t, vec) in enumerate(self.slots)]
 
