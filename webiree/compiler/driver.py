@@ -200,6 +200,16 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps, spv)
 
 
+def _weights_by_form(prog, plan) -> dict:
+    """Stored bytes of the constants by storage form ('f32', 'i32', 'f16', 'i8', ...: ir/packing.py)."""
+    out: dict = {}
+    for name, _, _ in plan.weights:
+        t = prog.tensors[name]
+        form = t.pack or {"bool": "u32"}.get(t.dtype, t.dtype)
+        out[form] = out.get(form, 0) + t.nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def _schedule(prog, plan, dispatches, exec_of, executables, lim):
     # weights blob: pages one after another, each 256-aligned in the file
     pages = [i for i, b in enumerate(plan.buffers) if b.kind == "weights"]
@@ -235,7 +245,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         binds = []
         for slot, tensor in enumerate(d.tensors):
             p = plan.placement[prog.root(tensor)]
-            binds.append((slot, p.buffer, p.offset, p.size))
+            binds.append((slot, p.buffer, *p.binding))
         if is_static(d.grid):
             commands.append((F.OP_DISPATCH, ex, *d.grid, binds))
         else:
@@ -255,7 +265,8 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         "model": prog.name,
         "dispatches": info_dispatches,
         "memory": {"arena_peak": plan.arena_peak, "intermediates_sum": plan.intermediates_sum,
-                   "max_live": plan.max_live, "weights": sum(b.size for b in plan.buffers if b.kind == "weights")},
+                   "max_live": plan.max_live, "weights": sum(b.size for b in plan.buffers if b.kind == "weights"),
+                   "weights_by_form": _weights_by_form(prog, plan)},
         "views": sorted(n for n, t in prog.tensors.items() if t.alias_of is not None),
     }
     if prog.symbols:   # the symbolic shapes of the boundary, for inspect

@@ -1,7 +1,11 @@
 """Memory planning: where every tensor lives on the GPU.
 
 - Constants are packed into weight pages (one buffer each, no page over the
-  adapter's max buffer size), each tensor aligned so it binds with an offset.
+  adapter's max buffer size), each tensor aligned so it binds with an offset;
+  constants smaller than the offset alignment (biases, scales, zero points)
+  are packed 16 bytes apart instead, bound from the aligned offset below them
+  with their first word's index recorded (`Tensor.word_offset`), so a model
+  of many small tensors wastes no padding.
 - Graph inputs get one buffer each (written with `writeBuffer`).
 - Intermediates and outputs share one arena: each gets an offset, and two
   tensors may overlap in the arena when their lifetimes (first write to last
@@ -29,6 +33,12 @@ class Placement:
     buffer: int        # index into MemoryPlan.buffers
     offset: int
     size: int
+    shift: int = 0     # bytes the binding starts before `offset` (a small constant, see plan_memory)
+
+    @property
+    def binding(self) -> tuple[int, int]:
+        """(offset, size) of the binding range that holds the tensor (offsets stay aligned)."""
+        return self.offset - self.shift, self.size + self.shift
 
 
 @dataclass
@@ -81,11 +91,15 @@ def plan_memory(prog: Program, limits: dict) -> MemoryPlan:
             seen.add(root)
             size = max(t.nbytes, 4)
             check_binding(root, size)
-            if page is None or align(page_size, alignment) + size > max_buffer:
+            small = size < alignment          # packed tightly (16-byte steps: vec4 loads stay whole)
+            step = 16 if small else alignment
+            if page is None or align(page_size, step) + size > max_buffer:
                 buffers.append(BufferDecl("weights", 0, f"weights{len([b for b in buffers if b.kind == 'weights'])}"))
                 page, page_size = len(buffers) - 1, 0
-            off = align(page_size, alignment)
-            placement[root] = Placement(page, off, size)
+            off = align(page_size, step)
+            shift = off % alignment
+            t.word_offset = shift // 4        # where its words start in its binding (kernels add it)
+            placement[root] = Placement(page, off, size, shift)
             weights.append((root, page, off))
             page_size = off + size
             buffers[page].size = align(page_size, 4)

@@ -104,13 +104,14 @@ def encode(data: np.ndarray, pack: str | None) -> bytes:
     return words.astype("<u4").tobytes()
 
 
-def load(buf: str, index: kir.Expr, pack: str, dtype: str) -> kir.Expr:
-    """Element `index` of the packed buffer `buf` (an array<u32>), decoded to `dtype`."""
+def load(buf: str, index: kir.Expr, pack: str, dtype: str, word_offset: int = 0) -> kir.Expr:
+    """Element `index` of a tensor packed in the array<u32> `buf` from word `word_offset` on,
+    decoded to `dtype`."""
     p = PACKS[pack]
     per_word = 32 // p.bits
     shift = per_word.bit_length() - 1
     index = kir.as_expr(index, "i32")
-    word = kir.load(buf, kir.binary("shr", index, kir.i32(shift)), "u32")
+    word = kir.load(buf, kir.binary("shr", index, kir.i32(shift)) + word_offset, "u32")
     lane = kir.cast(kir.binary("band", index, kir.i32(per_word - 1)), "u32")
     if p.kind == "f":
         v = kir.unpack_f16(kir.binary("shr", word, lane * kir.const(16, "u32")))

@@ -97,6 +97,7 @@ class Tensor:
     data: np.ndarray | None = None   # for constants (already in the internal dtype)
     alias_of: str | None = None      # for views: the tensor whose buffer this reuses
     pack: str | None = None          # constants: the narrow form weights.bin stores it in (ir/packing.py)
+    word_offset: int = 0             # constants: index of its first 32-bit word in the binding that holds it
 
     @property
     def nbytes(self) -> int:

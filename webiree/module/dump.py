@@ -30,6 +30,10 @@ def describe_build(path) -> str:
     mem = info.get("memory", {})
     lines.append(f"memory plan: arena peak {mem.get('arena_peak', 0)} B vs. {mem.get('intermediates_sum', 0)} B "
                  f"sum of intermediates (largest live set {mem.get('max_live', 0)} B); weights {mem.get('weights', 0)} B")
+    forms = mem.get("weights_by_form")
+    if forms:
+        lines.append("  weights stored as: " + ", ".join(f"{form} {n} B" for form, n in forms.items()) +
+                     " (each constant in the narrowest form holding its values exactly; kernels decode on load)")
     if m.symbols:
         lines.append("  (planned for the largest sizes: " + ", ".join(f"{n}={hi}" for n, _, hi in m.symbols) +
                      "; a run at a smaller size uses a prefix of each tensor's place)")

@@ -127,11 +127,12 @@ class Binder:
         return self.prog.tensors[self.prog.root(tensor)].pack
 
     def _read(self, tensor: str, index: kir.Expr, dtype: str) -> kir.Expr:
-        """A buffer read of one element: a plain load, or the decode of a packed constant."""
-        pack = self.prog.tensors[self.prog.root(tensor)].pack
-        if pack is not None:
-            return packing.load(self.name(tensor), index, pack, dtype)
-        return kir.load(self.name(tensor), index, dtype)
+        """A buffer read of one element: a plain load, or the decode of a packed constant (a small
+        constant's binding starts `word_offset` words before it, compiler/memory.py)."""
+        t = self.prog.tensors[self.prog.root(tensor)]
+        if t.pack is not None:
+            return packing.load(self.name(tensor), index, t.pack, dtype, t.word_offset)
+        return kir.load(self.name(tensor), kir.as_expr(index, "i32") + t.word_offset, dtype)
 
     def dtype(self, tensor: str) -> str:
         """Element type of an input, also when a fused prologue computes it."""
@@ -159,7 +160,8 @@ class Binder:
         index4 = kir.as_expr(index4, "i32")
         if tensor in self.prologues or self.pack(tensor) is not None:
             return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
-        return kir.load(self.name(tensor, vec=True), index4, "vec4f")
+        shift = self.prog.tensors[self.prog.root(tensor)].word_offset // 4     # (16-byte steps)
+        return kir.load(self.name(tensor, vec=True), index4 + shift, "vec4f")
 
     def expr(self, e: kir.Expr) -> kir.Expr:
         """A compiler expression (loads name tensors) with loads of binding slots instead (the
