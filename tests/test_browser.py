@@ -32,9 +32,9 @@ from .conftest import assert_close, ort_run
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 EVAL_TIMEOUT_S = 60
-NUMPY_OF = {"float32": "<f4", "int64": "<i8", "int32": "<i4", "bool": "u1", "uint8": "u1"}
+NUMPY_OF = {"float32": "<f4", "int64": "<i8", "int32": "<i4", "bool": "u1", "uint8": "u1", "float16": "<f2"}
 TYPE_OF = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64", np.dtype(np.int32): "int32",
-           np.dtype(np.bool_): "bool"}
+           np.dtype(np.bool_): "bool", np.dtype(np.float16): "float16"}   # float16 travels as its bits
 # Chromium's WGSL compiler (Tint) rejects a const-expression that evaluates to inf/NaN, which naga accepts.
 
 
@@ -136,7 +136,8 @@ def b64_feeds(feeds: dict) -> dict:
 # Runs a site in the page: create, run (feeds given as base64), release. Errors come back as values.
 RUN_JS = """async ({url, runtime, feeds, profile, tweak}) => {
   const w = await import(runtime);
-  const ARR = {float32: Float32Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array, uint8: Uint8Array};
+  const ARR = {float32: Float32Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array, uint8: Uint8Array,
+    float16: Uint16Array};
   const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
   const b64 = (a) => { const u = new Uint8Array(a.buffer, a.byteOffset, a.byteLength); let s = '';
     for (let i = 0; i < u.length; i += 4096) s += String.fromCharCode(...u.subarray(i, i + 4096)); return btoa(s); };

@@ -262,3 +262,110 @@ def bert_feeds(batch: int, seq: int, seed: int = 0) -> dict:
     types = np.zeros((batch, seq), np.int64)
     types[:, seq // 2:] = 1
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def export_tiny_mobilenet_v2(path, seed: int = 0, size: int = 32, classes: int = 10, width: int = 8) -> list[str]:
+    """A MobileNetV2 in miniature from torch (seeded weights; torchvision not needed): a stride-2
+    3x3 stem, inverted residual blocks (1x1 expand, 3x3 depthwise, linear 1x1 project, a residual
+    Add where stride is 1 and the widths agree), BatchNorm after every conv, ReLU6, a 1x1 head
+    conv, global average pool and a Linear classifier. Exported like torchvision's
+    mobilenet_v2 is (TorchScript exporter, opset 17, eval mode): BatchNorm folds into the convs,
+    ReLU6 is Clip(0, 6), the pool is GlobalAveragePool and the classifier Gemm. The input is
+    `image` [1, 3, size, size], the output `logits` [1, classes]. Needs torch (the models extra).
+    Returns the input names."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    def conv_bn(cin, cout, k, stride=1, groups=1, act=True):
+        layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        return layers + ([nn.ReLU6()] if act else [])
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, cout, stride, expand):
+            super().__init__()
+            hid = cin * expand
+            self.residual = stride == 1 and cin == cout
+            self.body = nn.Sequential(*(conv_bn(cin, hid, 1) if expand != 1 else []),
+                                      *conv_bn(hid, hid, 3, stride, groups=hid), *conv_bn(hid, cout, 1, act=False))
+
+        def forward(self, x):
+            return x + self.body(x) if self.residual else self.body(x)
+
+    class TinyMobileNetV2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            w = width
+            # (expand, out, repeats, first stride), MobileNetV2's table cut down
+            cfg = [(1, w, 1, 1), (6, 2 * w, 2, 2), (6, 3 * w, 2, 2), (6, 4 * w, 1, 1)]
+            layers, cin = conv_bn(3, w, 3, 2), w
+            for t, c, n, s in cfg:
+                for i in range(n):
+                    layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                    cin = c
+            layers += conv_bn(cin, 8 * w, 1)
+            self.features = nn.Sequential(*layers)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Linear(8 * w, classes)
+
+        def forward(self, image):
+            return self.classifier(torch.flatten(self.pool(self.features(image)), 1))
+
+    torch.manual_seed(seed)
+    model = TinyMobileNetV2()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():   # trained-looking BatchNorm statistics, so the folded convs are not plain He init
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                n = m.num_features
+                m.weight.copy_(1.0 + 0.2 * torch.randn(n, generator=g))
+                m.bias.copy_(0.1 * torch.randn(n, generator=g))
+                m.running_mean.copy_(0.1 * torch.randn(n, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(n, generator=g))
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.zeros(1, 3, size, size),), str(path), input_names=["image"],
+                          output_names=["logits"], opset_version=17, dynamo=False)
+    return ["image"]
+
+
+def float16_model(model, keep_io_types: bool) -> onnx.ModelProto:
+    """`model` (a ModelProto or path) through onnxruntime's float16 converter
+    (onnxruntime.transformers.float16.convert_float_to_float16) with its defaults, as users ship
+    an fp16 model; keep_io_types=True keeps float32 graph inputs/outputs (Casts at the boundary)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    m = onnx.load(str(model)) if not isinstance(model, onnx.ModelProto) else model
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_float_to_float16(m, keep_io_types=keep_io_types)
+
+
+def quantize_dynamic_model(src, dst, weight_type: str = "QInt8") -> onnx.ModelProto:
+    """onnxruntime.quantization.quantize_dynamic of the f32 model at `src` into `dst` (weight_type
+    'QInt8' or 'QUInt8'): MatMul weights become 8-bit initializers with DequantizeLinear, activations
+    DynamicQuantizeLinear, and the products MatMulInteger. Returns the written model."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), weight_type=getattr(QuantType, weight_type))
+    return onnx.load(str(dst))
+
+
+def quantize_static_qdq(src, dst, feeds: list[dict], per_channel: bool = True) -> onnx.ModelProto:
+    """onnxruntime.quantization.quantize_static of the f32 model at `src` into `dst` in QDQ format
+    (int8 activations and weights, MinMax calibration over `feeds`, a list of input dicts).
+    Returns the written model."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel)
+    return onnx.load(str(dst))
