@@ -57,14 +57,20 @@ CASES = {   # form -> (constant, its ONNX type); odd lengths leave the last word
 
 
 @pytest.mark.parametrize("target", ["wgsl", "spirv"])
+@pytest.mark.parametrize("where", ["own binding", "constant table"])
 @pytest.mark.parametrize("form", sorted(CASES))
-def test_each_form_round_trips_through_a_kernel(tmp_path, form, target):
+def test_each_form_round_trips_through_a_kernel(tmp_path, form, where, target):
+    """A constant of 256 bytes or more has its own binding; a smaller one lives in the constant
+    table (compiler/memory.py) with the other small constants."""
     value, onnx_type = CASES[form]
+    if where == "own binding":
+        value = np.concatenate([value] * (1 + 2048 // (value.size * packing.PACKS[form].bits)))
     model = _identity_of_const(value, onnx_type)
     zeros = np.zeros_like(value) if value.dtype.kind in "iu" else np.full_like(value, -0.0)
     (got,), res, _ = compile_and_run(model, {"x": zeros}, tmp_path, targets=target)
-    (t,) = [t for t in res.program.tensors.values() if t.kind == "const"]
-    assert t.pack == form
+    t = res.program.tensors["c"]
+    assert t.pack == form and (t.table_word is None) == (where == "own binding")
+    assert len([b for b in res.module.buffers if b.kind == "weights"]) == 1
     assert len(res.weights) == 4 * -(-value.size * packing.PACKS[form].bits // 32)
     if form in ("f16", "bf16"):
         np.testing.assert_array_equal(got.view(np.uint16), value.view(np.uint16))

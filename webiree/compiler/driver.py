@@ -245,7 +245,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         binds = []
         for slot, tensor in enumerate(d.tensors):
             p = plan.placement[prog.root(tensor)]
-            binds.append((slot, p.buffer, *p.binding))
+            binds.append((slot, p.buffer, p.offset, p.size))
         if is_static(d.grid):
             commands.append((F.OP_DISPATCH, ex, *d.grid, binds))
         else:

@@ -1,11 +1,12 @@
 """Memory planning: where every tensor lives on the GPU.
 
 - Constants are packed into weight pages (one buffer each, no page over the
-  adapter's max buffer size), each tensor aligned so it binds with an offset;
-  constants smaller than the offset alignment (biases, scales, zero points)
-  are packed 16 bytes apart instead, bound from the aligned offset below them
-  with their first word's index recorded (`Tensor.word_offset`), so a model
-  of many small tensors wastes no padding.
+  adapter's max buffer size), each tensor aligned so it binds with an offset.
+  Constants smaller than that alignment (biases, scales, zero points) go
+  instead, word after word, into one *constant table* at the start of the
+  first page (the tensor `CONST_TABLE`, its words read as u32 and bitcast):
+  a kernel binds the whole table once for all the small constants it reads,
+  and a model of many small tensors wastes no padding.
 - Graph inputs get one buffer each (written with `writeBuffer`).
 - Intermediates and outputs share one arena: each gets an offset, and two
   tensors may overlap in the arena when their lifetimes (first write to last
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import LimitsError
-from ..ir.program import Program
+from ..ir.program import CONST_TABLE, Program, Tensor
 
 
 def align(n: int, a: int) -> int:
@@ -33,12 +34,6 @@ class Placement:
     buffer: int        # index into MemoryPlan.buffers
     offset: int
     size: int
-    shift: int = 0     # bytes the binding starts before `offset` (a small constant, see plan_memory)
-
-    @property
-    def binding(self) -> tuple[int, int]:
-        """(offset, size) of the binding range that holds the tensor (offsets stay aligned)."""
-        return self.offset - self.shift, self.size + self.shift
 
 
 @dataclass
@@ -78,31 +73,44 @@ def plan_memory(prog: Program, limits: dict) -> MemoryPlan:
                               f"maxStorageBufferBindingSize of {max_binding}",
                               hint="use a smaller input shape, or build with --limits adapter on a GPU that allows more")
 
-    # constants: in order of first use
+    # constants: in order of first use; the small ones in the constant table (page 0, offset 0)
     weights = []
     page, page_size = None, 0
     seen = set()
+    consts = []
     for op in prog.ops:
         for r in op.reads():
             root = prog.root(r)
-            t = prog.tensors[root]
-            if t.kind != "const" or root in seen:
-                continue
-            seen.add(root)
-            size = max(t.nbytes, 4)
-            check_binding(root, size)
-            small = size < alignment          # packed tightly (16-byte steps: vec4 loads stay whole)
-            step = 16 if small else alignment
-            if page is None or align(page_size, step) + size > max_buffer:
-                buffers.append(BufferDecl("weights", 0, f"weights{len([b for b in buffers if b.kind == 'weights'])}"))
-                page, page_size = len(buffers) - 1, 0
-            off = align(page_size, step)
-            shift = off % alignment
-            t.word_offset = shift // 4        # where its words start in its binding (kernels add it)
-            placement[root] = Placement(page, off, size, shift)
-            weights.append((root, page, off))
-            page_size = off + size
-            buffers[page].size = align(page_size, 4)
+            if prog.tensors[root].kind == "const" and root not in seen:
+                seen.add(root)
+                consts.append(root)
+    table = [n for n in consts if prog.tensors[n].nbytes < alignment]
+    if table:
+        buffers.append(BufferDecl("weights", 0, "weights0"))
+        page = 0
+        for name in table:
+            t = prog.tensors[name]
+            t.table_word = page_size // 4
+            weights.append((name, page, page_size))
+            page_size += max(t.nbytes, 4)
+        check_binding(CONST_TABLE, page_size)
+        prog.tensors[CONST_TABLE] = Tensor(CONST_TABLE, (page_size // 4,), "u32", kind="const")
+        placement[CONST_TABLE] = Placement(page, 0, page_size)
+        buffers[page].size = page_size
+    for root in consts:
+        t = prog.tensors[root]
+        if t.table_word is not None:
+            continue
+        size = max(t.nbytes, 4)
+        check_binding(root, size)
+        if page is None or align(page_size, alignment) + size > max_buffer:
+            buffers.append(BufferDecl("weights", 0, f"weights{len([b for b in buffers if b.kind == 'weights'])}"))
+            page, page_size = len(buffers) - 1, 0
+        off = align(page_size, alignment)
+        placement[root] = Placement(page, off, size)
+        weights.append((root, page, off))
+        page_size = off + size
+        buffers[page].size = align(page_size, 4)
 
     for name in prog.inputs:
         t = prog.tensors[name]

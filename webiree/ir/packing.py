@@ -104,9 +104,12 @@ def encode(data: np.ndarray, pack: str | None) -> bytes:
     return words.astype("<u4").tobytes()
 
 
-def load(buf: str, index: kir.Expr, pack: str, dtype: str, word_offset: int = 0) -> kir.Expr:
+def load(buf: str, index: kir.Expr, pack: str | None, dtype: str, word_offset: int = 0) -> kir.Expr:
     """Element `index` of a tensor packed in the array<u32> `buf` from word `word_offset` on,
-    decoded to `dtype`."""
+    decoded to `dtype` (pack None: a 32-bit value, bitcast; the constant table holds every type)."""
+    if pack is None:
+        word = kir.load(buf, kir.as_expr(index, "i32") + word_offset, "u32")
+        return kir.binary("ne", word, kir.const(0, "u32")) if dtype == "bool" else kir.bitcast(word, dtype)
     p = PACKS[pack]
     per_word = 32 // p.bits
     shift = per_word.bit_length() - 1

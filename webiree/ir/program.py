@@ -35,6 +35,9 @@ from .sym import Dim, upper
 O = kir.var("o", "i32")          # flat output index inside Generic exprs and epilogues
 
 
+CONST_TABLE = "__const_table"    # the small constants, one u32 array bound once per kernel (compiler/memory.py)
+
+
 def acc_var(dtype: str = "f32"):
     """An anchor's own result for one element, inside its epilogue."""
     return kir.var("acc", dtype)
@@ -97,7 +100,7 @@ class Tensor:
     data: np.ndarray | None = None   # for constants (already in the internal dtype)
     alias_of: str | None = None      # for views: the tensor whose buffer this reuses
     pack: str | None = None          # constants: the narrow form weights.bin stores it in (ir/packing.py)
-    word_offset: int = 0             # constants: index of its first 32-bit word in the binding that holds it
+    table_word: int | None = None    # a small constant: its first word in the constant table (compiler/memory.py)
 
     @property
     def nbytes(self) -> int:

@@ -107,7 +107,8 @@ class Binder:
 
     A tensor may be bound twice: as its scalar array and as array<vec4<f32>>
     (`vec=True`) for wide loads and stores. A constant stored in a narrow form
-    (`Tensor.pack`, ir/packing.py) is bound as array<u32> and decoded where it is read."""
+    (`Tensor.pack`, ir/packing.py) is bound as array<u32> and decoded where it is read;
+    the small constants share one binding, the constant table (compiler/memory.py)."""
 
     def __init__(self, prog: P.Program, prologues: dict | None = None):
         self.prog = prog
@@ -115,24 +116,24 @@ class Binder:
         self.slots: list[tuple[str, bool]] = []
 
     def name(self, tensor: str, vec: bool = False) -> str:
-        key = (self.prog.root(tensor), vec)
+        root = self.prog.root(tensor)
+        t = self.prog.tensors.get(root)
+        if t is not None and t.table_word is not None:
+            root = P.CONST_TABLE        # every small constant: one binding of the table
+        key = (root, vec)
         if key not in self.slots:
             self.slots.append(key)
         return f"b{self.slots.index(key)}"
 
-    def pack(self, tensor: str) -> str | None:
-        """The narrow form a constant input is stored in (ir/packing.py), None for 32-bit storage."""
-        if tensor in self.prologues:
-            return None
-        return self.prog.tensors[self.prog.root(tensor)].pack
-
     def _read(self, tensor: str, index: kir.Expr, dtype: str) -> kir.Expr:
-        """A buffer read of one element: a plain load, or the decode of a packed constant (a small
-        constant's binding starts `word_offset` words before it, compiler/memory.py)."""
+        """A buffer read of one element: a plain load, or the decode of a packed constant or of a
+        small constant's words in the constant table (compiler/memory.py)."""
         t = self.prog.tensors[self.prog.root(tensor)]
+        if t.table_word is not None:
+            return packing.load(self.name(tensor), index, t.pack, dtype, t.table_word)
         if t.pack is not None:
-            return packing.load(self.name(tensor), index, t.pack, dtype, t.word_offset)
-        return kir.load(self.name(tensor), kir.as_expr(index, "i32") + t.word_offset, dtype)
+            return packing.load(self.name(tensor), index, t.pack, dtype)
+        return kir.load(self.name(tensor), index, dtype)
 
     def dtype(self, tensor: str) -> str:
         """Element type of an input, also when a fused prologue computes it."""
@@ -158,10 +159,10 @@ class Binder:
         """Elements 4*index4 .. 4*index4+3 of an f32 tensor as one vec4f (four computed
         elements where a fused prologue produces the tensor)."""
         index4 = kir.as_expr(index4, "i32")
-        if tensor in self.prologues or self.pack(tensor) is not None:
+        t = self.prog.tensors[self.prog.root(tensor)] if tensor not in self.prologues else None
+        if t is None or t.pack is not None or t.table_word is not None:
             return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
-        shift = self.prog.tensors[self.prog.root(tensor)].word_offset // 4     # (16-byte steps)
-        return kir.load(self.name(tensor, vec=True), index4 + shift, "vec4f")
+        return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 
     def expr(self, e: kir.Expr) -> kir.Expr:
         """A compiler expression (loads name tensors) with loads of binding slots instead (the
