@@ -93,7 +93,8 @@ for _case in ("3d_causal_bf16", "4d_attn_mask_causal_bf16", "4d_causal_bf16", "4
 
 
 # onnxruntime's contrib operators are not in the ONNX suite: each is tested against onnxruntime CPU
-# in tests/test_contrib_ops.py and tests/test_contrib_attention.py. The report lists them here.
+# in tests/test_contrib_ops.py, tests/test_contrib_attention.py and tests/test_contrib_quant.py. The
+# report lists them here.
 CONTRIB = [
     ("Gelu, BiasGelu", "erf form; BiasGelu's bias broadcast over the last dim"),
     ("FastGelu", "tanh approximation, with or without its bias input"),
@@ -120,8 +121,15 @@ CONTRIB = [
                            "the qk output (refused: cache_indirection, the 3 x batch + 2 mask)"),
     ("RotaryEmbedding", "3-D or 4-D input; position_ids as one offset or per token; interleaved or not; "
                         "partial rotary_embedding_dim (refused: is_packed_batching)"),
-    ("not yet", "GroupQueryAttention (needs symbolic KV-cache shapes), MatMulNBits and GatherBlockQuantized "
-                "(4-bit weights), DynamicQuantizeLSTM; any other com.microsoft op is refused by name"),
+    ("MatMulNBits", "bits 2, 4, 8; block_size 16 and up; K not a multiple of block_size; packed uint8 or float "
+                    "zero points (or the default); scales and zero points 1-D or 2-D; bias; A 1-D, 2-D, batched, "
+                    "symbolic; any accuracy_level (computed in float32); g_idx only when it is k // block_size; "
+                    "B stays packed, dequantized inside the matmul's loads (refused: weight_prepacked)"),
+    ("GatherBlockQuantized", "uint8 data of 2, 4 or 8 bits (gather_axis 0, quantize_axis last); int4 / uint4 "
+                             "constant data on any axes; with or without zero points; int32 / int64 indices, "
+                             "negative or out of range (zeros) (refused: the float8 / float4 data types)"),
+    ("not yet", "GroupQueryAttention (needs symbolic KV-cache shapes), DynamicQuantizeLSTM; any other "
+                "com.microsoft op is refused by name"),
 ]
 
 
@@ -567,7 +575,8 @@ def write_report(results: list[dict], seconds: float, path: Path = REPORT, jobs:
         lines.append(f"| {r['name']} | {r['op']} | {', '.join(r['specialized'])} |")
     lines += ["", "## onnxruntime contrib operators (com.microsoft)", "",
               "Not part of the ONNX suite: each is compared with onnxruntime CPU over its variants in "
-              "`tests/test_contrib_ops.py` and `tests/test_contrib_attention.py`. Every optional input, output "
+              "`tests/test_contrib_ops.py`, `tests/test_contrib_attention.py` and `tests/test_contrib_quant.py`. "
+              "Every optional input, output "
               "and attribute is implemented or refused at build with one error naming the node and the "
               "attribute.", "", "| operator | supported variants |", "|---|---|"]
     lines += [f"| {op} | {what} |" for op, what in CONTRIB]

@@ -116,6 +116,19 @@ def test_data_dependent_sizes_stay_a_compile_error():
         compile_model(model, dims={"n": (1, 16)})
 
 
+def test_lone_matmul_over_a_symbolic_dim():
+    """A MatMul whose only symbolic size is its own M: no expression loads the dims buffer, but the
+    kernel reads its bounds from it (dce once dropped the buffer: a compiler bug at build)."""
+    rng = np.random.default_rng(2)
+    vi = helper.make_tensor_value_info
+    model = M.make_model([helper.make_node("MatMul", ["x", "W"], ["y"])], [vi("x", TensorProto.FLOAT, ["seq", 70])],
+                         [vi("y", TensorProto.FLOAT, ["seq", 13])],
+                         {"W": rng.standard_normal((70, 13)).astype(np.float32)}, name="lone_matmul")
+    _, sess = _session(model, dims={"seq": (1, 32)})
+    for seq in (1, 5, 32):
+        _check(sess, model, {"x": rng.standard_normal((seq, 70)).astype(np.float32)})
+
+
 def test_pinned_dims_build_a_static_module():
     r = compile_model(shape_arith_model(), dims={"seq": 7})
     assert r.module.symbols == [] and not any(c[0] == F.OP_DISPATCH_DYN for c in r.module.commands)

@@ -46,7 +46,10 @@ def dce(prog: Program) -> Program:
             kept.append(op)
             needed.update(prog.root(r) for r in op.reads())
     prog.ops = kept[::-1]
-    used = set(needed) | set(prog.inputs) | set(prog.outputs)
+    # the dims buffer (kind 'params') stays though no expression loads it: kernels whose sizes are
+    # symbolic (a matmul's M) read it for their bounds when they are built
+    used = set(needed) | set(prog.inputs) | set(prog.outputs) | {n for n, t in prog.tensors.items()
+                                                                 if t.kind == "params"}
     for op in prog.ops:
         used.add(op.out)
         if isinstance(op, Anchor):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 # each module registers its handlers
 from . import contraction, control, conv, elementwise, ml, movement, norms, pool, quant, reduce, resize  # noqa: F401
-from . import contrib_activations, contrib_attention, contrib_fused, contrib_norms, rnn, shape, spectral  # noqa: F401
+from . import contrib_activations, contrib_attention, contrib_fused, contrib_norms, contrib_quant  # noqa: F401
+from . import rnn, shape, spectral  # noqa: F401
 from .registry import OPS, Unsupported, register
 
 __all__ = ["OPS", "Unsupported", "register"]
