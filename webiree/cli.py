@@ -153,8 +153,8 @@ def cmd_bench(args) -> int:
           dims=_parse_dims(args.dim), dynamic=_parse_dims(args.dynamic))
     wrong = wrong_results(report)
     if wrong:
-        print(f"webiree bench: {', '.join(wrong)} differ from onnxruntime by more than 1e-4 of the output's "
-              "scale: the timings above are of wrong results", file=sys.stderr)
+        print(f"webiree bench: {', '.join(wrong)} differ from onnxruntime by more than "
+              f"{report.get('tolerance', 1e-4):.1e} of the output's scale: the timings above are of wrong results", file=sys.stderr)
         return 1
     return 0
 

@@ -500,6 +500,25 @@ def _narrow_type_of(ctx: Lowering, node: Node, out: str) -> str | None:
     return None
 
 
+_EXACT_F32_OPS = {"select", "neg", "abs", "min", "max"}   # give back one of their operands' values
+
+
+def _keeps_narrow(ctx: Lowering, expr, kind: str) -> bool:
+    """Whether `expr` can only produce values of the narrow type `kind` (data movement: loads of
+    tensors already rounded to it, selections among them, constants of it), so rounding is a no-op."""
+    if expr.dtype != "f32":
+        return True         # (a select's condition, an index)
+    if expr.op == "const":
+        return packing.is_exact(np.float32(expr.attr), kind)
+    if expr.op == "load":
+        t = ctx.tensors.get(expr.attr)
+        return ctx.rounded.get(expr.attr) == kind or (
+            t is not None and t.kind == "const" and packing.is_exact(t.data, kind))
+    if expr.op in _EXACT_F32_OPS:
+        return all(_keeps_narrow(ctx, a, kind) for a in expr.args)
+    return False
+
+
 def round_narrow_outputs(ctx: Lowering, node: Node, first_op: int) -> None:
     """Round every float16 / bfloat16 output of `node` to its type where it is produced (the values are
     computed in f32, as onnxruntime's CPU kernels mostly do before they round the result): wrap the
@@ -520,7 +539,8 @@ def round_narrow_outputs(ctx: Lowering, node: Node, first_op: int) -> None:
                 ctx.generic(out, shape, "f32", lambda cs, r=root:
                             kir.unary(fn, kir.load(r, flat_of(cs, shape), "f32")))
         elif isinstance(producer, Generic):
-            producer.expr = kir.unary(fn, producer.expr)
+            if not _keeps_narrow(ctx, producer.expr, kind):
+                producer.expr = kir.unary(fn, producer.expr)
         else:
             from ..ir.program import acc_var
             acc = producer.epilogue if producer.epilogue is not None else acc_var("f32")

@@ -257,6 +257,8 @@ def unary(op: str, a: Expr) -> Expr:
         return const(-a.attr, a.dtype)
     if a.is_const and a.dtype == "bool" and op == "not":
         return const(not a.attr, "bool")
+    if op in ("round_f16", "round_bf16") and a.op in (op, "unpack_f16" if op == "round_f16" else op):
+        return a        # already a value of the narrow type: rounding again changes nothing
     dtype = "bool" if op in ("isnan", "isinf") else a.dtype
     return _make(op, dtype, (a,))
 

@@ -55,7 +55,7 @@ def choose(data: np.ndarray) -> str | None:
         f = a.astype(np.float32)
         with np.errstate(over="ignore", invalid="ignore"):
             back = f.astype(np.float16).astype(np.float32)
-        if np.array_equal(back.view(np.uint32), f.view(np.uint32)):
+        if np.array_equal(back.view(np.uint32), f.view(np.uint32)):      # (bit for bit: -0.0, NaN payloads)
             return "f16"
         return "bf16" if not (f.view(np.uint32) & 0xFFFF).any() else None
     if a.dtype.kind in "iu":
@@ -65,6 +65,16 @@ def choose(data: np.ndarray) -> str | None:
             if p.lo <= lo and hi <= p.hi:
                 return name
     return None
+
+
+def is_exact(data, kind: str) -> bool:
+    """Whether every value of `data` is a value of the float type `kind` ('f16' / 'bf16'); NaN is."""
+    f = np.asarray(data, np.float32)
+    if kind == "bf16":
+        return not (f.view(np.uint32)[~np.isnan(f)] & 0xFFFF).any()
+    with np.errstate(over="ignore", invalid="ignore"):
+        back = f.astype(np.float16).astype(np.float32)
+    return bool(np.array_equal(back, f, equal_nan=True))
 
 
 def stored_bytes(data: np.ndarray, pack: str | None = None) -> int:
@@ -104,6 +114,22 @@ def encode(data: np.ndarray, pack: str | None) -> bytes:
     return words.astype("<u4").tobytes()
 
 
+def _split(index: kir.Expr, per_word: int) -> tuple[kir.Expr, kir.Expr]:
+    """(word, lane as u32) of element `index`. An index x * c + q with c a multiple of per_word and
+    a constant q (a vec4 load's lanes, a row's start) gives the word x * (c / per_word) + q / per_word
+    and a constant lane, so the lanes of one word load the same word (one load after CSE)."""
+    x, c, q = None, 0, 0
+    if index.op == "mul" and index.args[1].is_const:
+        x, c = index.args[0], index.args[1].attr
+    elif index.op == "add" and index.args[1].is_const and index.args[0].op == "mul" and index.args[0].args[1].is_const:
+        x, c, q = index.args[0].args[0], index.args[0].args[1].attr, index.args[1].attr
+    if x is not None and c % per_word == 0 and q >= 0:
+        return x * (c // per_word) + q // per_word, kir.const(q % per_word, "u32")
+    shift = per_word.bit_length() - 1
+    return (kir.binary("shr", index, kir.i32(shift)),
+            kir.cast(kir.binary("band", index, kir.i32(per_word - 1)), "u32"))
+
+
 def load(buf: str, index: kir.Expr, pack: str | None, dtype: str, word_offset: int = 0) -> kir.Expr:
     """Element `index` of a tensor packed in the array<u32> `buf` from word `word_offset` on,
     decoded to `dtype` (pack None: a 32-bit value, bitcast; the constant table holds every type)."""
@@ -112,10 +138,9 @@ def load(buf: str, index: kir.Expr, pack: str | None, dtype: str, word_offset: i
         return kir.binary("ne", word, kir.const(0, "u32")) if dtype == "bool" else kir.bitcast(word, dtype)
     p = PACKS[pack]
     per_word = 32 // p.bits
-    shift = per_word.bit_length() - 1
     index = kir.as_expr(index, "i32")
-    word = kir.load(buf, kir.binary("shr", index, kir.i32(shift)) + word_offset, "u32")
-    lane = kir.cast(kir.binary("band", index, kir.i32(per_word - 1)), "u32")
+    word_index, lane = _split(index, per_word)
+    word = kir.load(buf, word_index + word_offset, "u32")
     if p.kind == "f":
         v = kir.unpack_f16(kir.binary("shr", word, lane * kir.const(16, "u32")))
         return v if dtype == "f32" else kir.cast(v, dtype)
