@@ -4,7 +4,8 @@ blocked), MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, and BitCast.
 8- and 16-bit integers live in i32 storage. Integer products are summed in
 f32 by the MatMul and Conv kinds: exact while every partial sum stays below
 2^24 in magnitude (8-bit operands and K up to 256 always do), then rounded
-back to integers. DynamicQuantizeLinear lowers through its ONNX function.
+back to integers. DynamicQuantizeLinear computes its ONNX function's values with one
+reduction for both the minimum and the maximum (the minimum of x and of -x).
 """
 
 from __future__ import annotations
@@ -80,6 +81,41 @@ def dequantize(ctx, node):
             v = v - kir.cast(ctx.read(zp, _param_coords(ctx, zp, s, axis, block, cs)), "f32")
         return v * ctx.read(scale, _param_coords(ctx, scale, s, axis, block, cs))
     ctx.generic(node.outputs[0], s, "f32", rule)
+
+
+@register("DynamicQuantizeLinear")
+def dynamic_quantize(ctx, node):
+    """The ONNX function's values: range [min(x, 0), max(x, 0)] -> scale = range / 255, zero point
+    round(clip(-min / scale, 0, 255)) (half to even), y = saturate(round(x / scale) + zero point)."""
+    x = node.inputs[0]
+    y, y_scale, y_zp = (list(node.outputs) + ["", ""])[:3]
+    s = ctx.shape(x)
+    n = numel(s)
+    both = ctx.temp("x_and_neg_x")      # [x; -x]: one ReduceMin gives min(x) and -max(x)
+    ctx.generic(both, (2, n), "f32", lambda cs: kir.select(kir.binary("eq", cs[0], 0), ctx.read_flat(x, cs[1]),
+                                                           -ctx.read_flat(x, cs[1])))
+    low = ctx.temp("min_and_neg_max")
+    ctx.expand([_node(ctx, "ReduceMin", [both], [low], opset=13, keepdims=0, axes=[1]),
+                Node(f"{ctx.node.name}/params", "DynamicQuantizeParams", [x, low], [y, y_scale or ctx.temp("scale"),
+                     y_zp or ctx.temp("zero_point")], {}, "webiree", None, ctx.node.opset)])
+
+
+@register("webiree.DynamicQuantizeParams")
+def dynamic_quantize_params(ctx, node):
+    x, low = node.inputs
+    y, y_scale, y_zp = node.outputs
+    x_min = kir.minimum(ctx.read_flat(low, kir.i32(0)), 0.0)
+    x_max = kir.maximum(-ctx.read_flat(low, kir.i32(1)), 0.0)
+    ctx.generic(y_scale, (), "f32", lambda cs: (x_max - x_min) / 255.0)
+    ctx.onnx_types[y_scale] = 1
+    scale = ctx.read_flat(y_scale, kir.i32(0))
+    ctx.generic(y_zp, (), "i32", lambda cs: kir.cast(kir.unary("round", kir.clamp(0.0 - x_min / scale, 0.0, 255.0)),
+                                                    "i32"))
+    ctx.onnx_types[y_zp] = 2
+    zp = ctx.read_flat(y_zp, kir.i32(0))
+    ctx.generic(y, ctx.shape(x), "i32", lambda cs: kir.clamp(
+        kir.cast(kir.unary("round", ctx.read(x, cs) / scale), "i32") + zp, 0, 255))
+    ctx.onnx_types[y] = 2
 
 
 def _node(ctx, op, inputs, outputs, opset=18, **attrs) -> Node:
