@@ -1,5 +1,5 @@
 """onnxruntime's attention family (domain com.microsoft): Attention, MultiHeadAttention,
-RotaryEmbedding, with onnxruntime's semantics (docs/ContribOperators.md and its CPU kernels
+RotaryEmbedding, GroupQueryAttention, with onnxruntime's semantics (docs/ContribOperators.md and its CPU kernels
 under contrib_ops/cpu/bert/ are the reference for every corner).
 
 An attention lowers onto the canonical ops: Q, K and V gathered per head ([B, N, L, H], with
@@ -11,8 +11,15 @@ side ([B, S, N*H_v]) by one more index map. RotaryEmbedding is one Generic op.
 
 As in onnxruntime, a padding mask adds `mask_filter_value` where a key is masked, and the causal
 mask adds -10000 above the diagonal (shifted by the past length); the sum is added to the scaled
-scores, after the attention bias. GroupQueryAttention (a KV cache of symbolic length, 4-bit
-weights) is not here.
+scores, after the attention bias.
+
+GroupQueryAttention lowers the same way, with its own masking: the G = num_heads / kv_num_heads
+query heads that share a KV head are one matrix of G * S rows ([B, N, S, H] is [B, KV_N, G * S, H]
+in memory), so both batched MatMuls read K and V once per KV head, never copied per query head;
+masked keys get a score of -3e38 (no weight after the softmax, as onnxruntime leaves them out of
+it); the present KV ([B, KV_N, past + S, H]) is one Generic per tensor that places the new,
+rotated keys after each batch entry's past. Its past length may be a symbolic dim: one build
+serves every decoding step, the first prompt (past length 0) included.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import f32, i32, select
 from ...ir.program import MatMul, Softmax
-from ...ir.sym import Dim, bounds
+from ...ir.sym import Dim, SymbolicDimError, bounds
 from .. import symbolic
 from .registry import Unsupported, register
 
@@ -392,6 +399,23 @@ def _gqa_refusals(node) -> None:
         raise Unsupported(f"output 3 (output_qk, {_out(node, 3)!r}) is not supported")
 
 
+def _agrees(shape, want, what: str) -> bool:
+    """Whether `shape` is `want`; symbolic dims of different names that may be equal (an attention
+    bias [B, N, seq, total] against S and past + S) are checked at run time."""
+    if len(shape) != len(want):
+        return False
+    for i, (a, b) in enumerate(zip(shape, want)):
+        if a == b:
+            continue
+        if not (isinstance(a, Dim) or isinstance(b, Dim)):
+            return False
+        try:
+            symbolic.assume_equal(a, b, f"{what}, dim {i}")
+        except SymbolicDimError:
+            return False
+    return True
+
+
 def _gqa_total(ctx, node, total, T) -> None:
     """total_sequence_length where its value is known at build (a constant, or a size computed from
     the inputs' shapes, as Shape(attention_mask)[1] is): it must equal past length + sequence length,
@@ -461,7 +485,7 @@ def group_query_attention(ctx, node):
     else:
         H = _split(D, N, "query hidden size")
         ks, vs = tuple(ctx.shape(key)), tuple(ctx.shape(value)) if value else ()
-        if ks != (B, S, KVN * H) or vs != ks:
+        if not (_agrees(ks, (B, S, KVN * H), f"{node.op} key") and _agrees(vs, ks, f"{node.op} value")):
             raise ShapeError(f"key {ks} and value {vs} must both be ({B}, {S}, {KVN * H}) (batch, sequence, "
                              f"kv_num_heads * head_size)")
         rq = lambda b, n, s, d: ctx.read(query, [b, s, n * H + d])     # noqa: E731
@@ -472,13 +496,14 @@ def group_query_attention(ctx, node):
         if not (past_k and past_v):
             raise ShapeError("GroupQueryAttention needs past_key and past_value together")
         pk, pv = tuple(ctx.shape(past_k)), tuple(ctx.shape(past_v))
-        if len(pk) != 4 or pk[:2] != (B, KVN) or pk[3] != H or pv != pk:
+        if len(pk) != 4 or not (_agrees(pk, (B, KVN, pk[2], H), f"{node.op} past_key")
+                                and _agrees(pv, pk, f"{node.op} past_value")):
             raise ShapeError(f"past_key {pk} and past_value {pv} must both be ({B}, {KVN}, past_length, {H}) (BNSH)")
         P = pk[2]
     T = P + S
     _gqa_total(ctx, node, total, T)
     ss = tuple(ctx.shape(seqlens))
-    if ctx.dtype(seqlens) != "i32" or ss not in ((B,), (B, 1)):
+    if ctx.dtype(seqlens) != "i32" or not _agrees(ss[:1], (B,), f"{node.op} seqlens_k") or ss[1:] not in ((), (1,)):
         raise ShapeError(f"seqlens_k {seqlens!r} must be int32 of shape ({B},), got {ctx.dtype(seqlens)} {ss}")
 
     # the first prompt (no past): decided at build where the past length is fixed or cannot be 0
@@ -504,7 +529,7 @@ def group_query_attention(ctx, node):
                              f"(max_sequence, rotary_dim / 2) with rotary_dim <= head_size {H}")
         R = 2 * cs[1]
         if pos_ids:
-            if tuple(ctx.shape(pos_ids)) != (B, S):
+            if not _agrees(tuple(ctx.shape(pos_ids)), (B, S), f"{node.op} position_ids"):
                 raise ShapeError(f"position_ids of shape {tuple(ctx.shape(pos_ids))} is not ({B}, {S})")
             if ctx.dtype(pos_ids) != "i32":
                 raise Unsupported(f"position_ids {pos_ids!r} of {ctx.dtype(pos_ids)} elements (int64)")
@@ -534,7 +559,7 @@ def group_query_attention(ctx, node):
             p = past_len(b)
             fresh = new(b, m, kir.clamp(t - p, 0, S - 1), d)
             fresh = select(t < p + S, fresh, f32(0.0)) if first is not True else fresh
-            if not past:
+            if not past or first is True:      # (a past of length 0 has nothing to read)
                 return fresh
             old = ctx.read(past, [b, m, kir.clamp(t, 0, kir.maximum(i32(P) - 1, i32(0))), d])
             return select(t < p, old, fresh)
@@ -545,7 +570,8 @@ def group_query_attention(ctx, node):
 
     if attn_bias:
         bs = tuple(ctx.shape(attn_bias))
-        if len(bs) != 4 or bs[0] not in (1, B) or bs[1] not in (1, N) or bs[2] != S or bs[3] != T:
+        if len(bs) != 4 or not _agrees(bs, (bs[0] if bs[0] == 1 else B, bs[1] if bs[1] == 1 else N, S, T),
+                                       f"{node.op} attention_bias"):
             raise ShapeError(f"attention_bias of shape {bs} is not (1 or {B}, 1 or {N}, {S}, {T})")
     if sink and tuple(ctx.shape(sink)) != (N,):
         raise ShapeError(f"head_sink of shape {tuple(ctx.shape(sink))} is not ({N},)")
@@ -563,11 +589,13 @@ def group_query_attention(ctx, node):
 
     def masked(cs):
         b, n, s, t = cs
-        x = ctx.read(scores, [b, n, s, kir.clamp(t, 0, T - 1)])
+        x = ctx.read(scores, [b, n, s, kir.clamp(t, 0, T - 1) if smooth else t])
         if softcap > 0.0:
             x = kir.unary("tanh", x * (1.0 / softcap)) * softcap
         if attn_bias:
-            x = x + ctx.read_bcast(attn_bias, [B, N, S, T], [b, n, s, kir.clamp(t, 0, T - 1)])
+            bs = ctx.shape(attn_bias)
+            x = x + ctx.read(attn_bias, [i32(0) if bs[0] == 1 else b, i32(0) if bs[1] == 1 else n, s,
+                                         kir.clamp(t, 0, T - 1) if smooth else t])
         last = kir.minimum(past_len(b) + s, t_len(b) - 1)
         seen = t <= last
         if window > 0:
