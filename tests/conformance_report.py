@@ -128,8 +128,16 @@ CONTRIB = [
     ("GatherBlockQuantized", "uint8 data of 2, 4 or 8 bits (gather_axis 0, quantize_axis last); int4 / uint4 "
                              "constant data on any axes; with or without zero points; int32 / int64 indices, "
                              "negative or out of range (zeros) (refused: the float8 / float4 data types)"),
-    ("not yet", "GroupQueryAttention (needs symbolic KV-cache shapes), DynamicQuantizeLSTM; any other "
-                "com.microsoft op is refused by name"),
+    ("GroupQueryAttention", "num_heads a multiple of kv_num_heads (grouped or equal); separate Q, K, V or packed "
+                            "QKV; past_key / past_value in BNSH, absent or of length 0 (a prompt) or symbolic (one "
+                            "build decodes every step), present_key / present_value of past + sequence length; "
+                            "prompt, decode and chunk steps; seqlens_k read per batch entry (right padding); "
+                            "total_sequence_length checked against the shapes where known; do_rotary with cos/sin "
+                            "caches, interleaved or not, partial rotary, position_ids; local_window_size; softcap; "
+                            "scale; attention_bias; head_sink and smooth_softmax (refused: causal=0, qk_output / "
+                            "the output_qk output, sliding_window_cache, a quantized KV cache, q_norm_weight / "
+                            "k_norm_weight)"),
+    ("not yet", "DynamicQuantizeLSTM; any other com.microsoft op is refused by name"),
 ]
 
 
