@@ -16,6 +16,7 @@ import dataclasses
 
 from ..errors import CompilerBug
 from ..ir.sym import Dim, typical
+from ..ir import kir
 from ..ir import program as P
 from .kernels import check
 from .kernels.common import ConvTile, KernelConfig, MatmulTile, RowBlockTile
@@ -51,6 +52,14 @@ def _subgroup_broadcast(op: P.MatMul, limits: dict):
     return KernelConfig((S_, 1, 1), MatmulTile(rm, rn, 4 * S_), vec, S.SUBGROUP_BROADCAST)
 
 
+COSTLY_PROLOGUE = 6     # kernel-IR operations: a B operand computed this expensively is worth reusing
+
+
+def _costly_b(op: P.MatMul) -> bool:
+    """Whether B is computed where it is loaded at some cost (a 4-bit or int8 weight's dequantization)."""
+    return op.b in op.prologues and kir.cost(op.prologues[op.b]) > COSTLY_PROLOGUE
+
+
 def _register_blocked(op: P.MatMul, limits: dict):
     # CPU adapters (lavapipe, SwiftShader) run a workgroup as SIMD loops over invocations:
     # barriers are expensive and caches make workgroup memory pointless. One SIMD-wide
@@ -62,6 +71,8 @@ def _register_blocked(op: P.MatMul, limits: dict):
     rn = max(1, min(12 if vec == 4 else 16, -(-cols // wx)))
     rm = max(1, min(16, op.m))
     groups = lambda: -(-cols // (wx * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
+    if _costly_b(op):   # each B value (dequantized where it is loaded) serves every row of the block
+        rn = max(1, min(rn, 48 // rm))
     while rm * rn > 48 and rm > 4:     # keep shaders small: LLVM compile time grows fast
         rm //= 2
     while groups() < 4 and rm > 1:

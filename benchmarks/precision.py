@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""What a model's shipped precision costs and saves: the same model as float32, float16, int8 and
+int4, each as its tool writes it, built by webiree and run on the same adapter.
+
+Usage::
+
+    python benchmarks/precision.py [--seed-dir tests/.data/seed] [--runs 30] [--limits adapter] [--json OUT]
+
+Variants of each seed model (tests/seed/export_seed_models.py writes them; `--seed-dir`):
+
+- `f32`: the exported model.
+- `fp16`: onnxruntime's float16 converter, keep_io_types=True (float32 in and out).
+- `int8-dynamic` (MiniLM): onnxruntime's quantize_dynamic (int8 weights; DynamicQuantizeLinear +
+  MatMulInteger).
+- `int8-qdq` (MobileNetV2): quantize_static in QDQ format, per channel, calibrated on 4 seeded inputs.
+- `int4` (MiniLM): onnxruntime's MatMulNBitsQuantizer (4 bits, blocks of 32, symmetric).
+
+Each variant is checked against onnxruntime CPU on the same file within the model's own tolerance
+(webiree.bench.model_tolerance: four float16 steps for a half model, 4x onnxruntime's
+optimizations-off/on difference for a quantized one); then all variants of a model run in
+alternating turns of 10 runs (after warm-up each turn: same adapter, settings, feeds and moment),
+and the printed ratio is variant / f32 of those medians. Sizes: `weights.bin` (what webiree's site
+downloads besides the module and the runtime) next to the .onnx file (what onnxruntime-web
+downloads for the same model). A benchmark, not a test: it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {"minilm": ["f32", "fp16", "int8-dynamic", "int4"], "mobilenet_v2": ["f32", "fp16", "int8-qdq"]}
+
+
+def make_variant(src: Path, variant: str, dst: Path, feeds: dict) -> Path:
+    from webiree.testing import models as M
+    if variant == "f32":
+        return src
+    if variant == "fp16":
+        onnx.save(M.float16_model(src, keep_io_types=True), str(dst))
+    elif variant == "int8-dynamic":
+        M.quantize_dynamic_model(src, dst)
+    elif variant == "int8-qdq":
+        rng = np.random.default_rng(0)
+        calib = [{k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in feeds.items()} for _ in range(4)]
+        M.quantize_static_qdq(src, dst, calib)
+    elif variant == "int4":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        logging.disable(logging.WARNING)
+        try:
+            q = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=32, is_symmetric=True)
+            q.process()
+        finally:
+            logging.disable(logging.NOTSET)
+        onnx.save(q.model.model, str(dst))
+    else:
+        raise ValueError(variant)
+    return dst
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed-dir", default=str(ROOT / "tests" / ".data" / "seed"))
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--limits", default="adapter")
+    p.add_argument("--only", action="append", choices=list(VARIANTS))
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    warnings.simplefilter("ignore")
+    from webiree.bench import bench
+    from webiree.bundler.site import compile as build
+    from webiree.session import InferenceSession
+
+    seed = Path(args.seed_dir)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for model in args.only or list(VARIANTS):
+            src = seed / f"{model}.onnx"
+            feeds = dict(np.load(seed / f"{model}.inputs.npz"))
+            sessions, rows = [], []
+            for variant in VARIANTS[model]:
+                path = make_variant(src, variant, tmp / f"{model}-{variant}.onnx", feeds)
+                r = bench(path, 3, 1, args.limits, inputs_path=str(seed / f"{model}.inputs.npz"), log=lambda *a: None)
+                site = tmp / f"{model}-{variant}"
+                build(path, site, limits=args.limits)
+                sessions.append(InferenceSession(site))
+                rows.append({"variant": variant, "rel_err": r["results"]["webiree"]["rel_err"],
+                             "tolerance": r["tolerance"], "ok": r["results"]["webiree"]["rel_err"] <= r["tolerance"],
+                             "weights_bytes": (site / "weights.bin").stat().st_size,
+                             "module_bytes": sum(f.stat().st_size for f in site.glob("*.wrm")),
+                             "onnx_bytes": path.stat().st_size, "dispatches": r["dispatches"], "ort_ms": r["results"]["onnxruntime-cpu"]["median_ms"],
+                             "adapter": r["adapter"].get("device", "?")})
+            times = [[] for _ in sessions]
+            block = 10
+            for _ in range(max(1, args.runs // block)):
+                for s, t in zip(sessions, times):
+                    for i in range(args.warmup + block):
+                        t0 = time.perf_counter()
+                        s.run(None, feeds)
+                        if i >= args.warmup:
+                            t.append((time.perf_counter() - t0) * 1e3)
+            for s in sessions:
+                s.close()
+            base = statistics.median(times[0])
+            print(f"{model} on {rows[0]['adapter']} (webiree limits {args.limits}, median of {len(times[0])} runs "
+                  f"in alternating turns):")
+            for row, t in zip(rows, times):
+                row["ms"] = statistics.median(t)
+                row["ratio"] = row["ms"] / base
+                print(f"  {row['variant']:<13} {row['ms']:9.2f} ms  {row['ratio']:5.2f}x f32  {row['dispatches']:4d} dispatches  weights.bin "
+                      f"{row['weights_bytes'] / 1e6:7.2f} MB (+ module {row['module_bytes'] / 1e3:5.0f} kB)  "
+                      f".onnx {row['onnx_bytes'] / 1e6:7.2f} MB   onnxruntime-cpu {row['ort_ms']:7.2f} ms   "
+                      f"rel.err {row['rel_err']:.1e} (tol {row['tolerance']:.1e}) {'ok' if row['ok'] else 'WRONG'}",
+                      flush=True)
+            out[model] = rows
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if all(r["ok"] for rows in out.values() for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
