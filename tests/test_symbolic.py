@@ -215,3 +215,21 @@ def test_interpreter_run_takes_shapes():
     want = ort_run(model, {"x": x})[0]
     assert len(heads) == want.size
     assert_close(np.asarray(heads, np.float32).reshape(want.shape), want)
+
+
+def test_concat_of_a_past_that_may_be_empty():
+    """A KV cache's Concat(past, new) along a symbolic axis whose range starts at 0: the past is
+    kept (empty only at some sizes) and runs at length 0 like onnxruntime, as a merged decoder's
+    first step does; its offsets are symbolic."""
+    vi = helper.make_tensor_value_info
+    model = M.make_model([helper.make_node("Concat", ["past", "x"], ["cat"], axis=2),
+                          helper.make_node("Mul", ["cat", "two"], ["y"])],
+                         [vi("past", TensorProto.FLOAT, [1, 2, "past", 4]), vi("x", TensorProto.FLOAT, [1, 2, "seq", 4])],
+                         [vi("y", TensorProto.FLOAT, [1, 2, None, 4])], {"two": np.array(2.0, np.float32)},
+                         name="kv_concat")
+    _, sess = _session(model, dims={"past": (0, 8), "seq": (1, 4)})
+    rng = np.random.default_rng(4)
+    for past, seq in ((0, 3), (5, 1), (8, 4)):
+        (y,) = _check(sess, model, {"past": rng.standard_normal((1, 2, past, 4)).astype(np.float32),
+                                    "x": rng.standard_normal((1, 2, seq, 4)).astype(np.float32)})
+        assert y.shape == (1, 2, past + seq, 4)

@@ -100,6 +100,27 @@ export interface RunOptions {
   /** outputs to leave on the GPU: returned as Tensors with location 'gpu-buffer', not read
    * back; feed one to a later run of the same session and it is copied on the GPU */
   keep?: string[];
+  /** the outputs to return (default: all); the others are neither read back nor kept. keep must
+   * name some of these. */
+  outputs?: string[];
+}
+
+/** generate() / generateStream() of a decoder built with the generation head (docs/generation.md). */
+export interface GenerateOptions {
+  /** how many tokens to generate (default 16); the prompt plus these must fit the build's ranges */
+  maxNewTokens?: number;
+  /** 'greedy' (argmax, the default) or 'top-k' (sampling among the k largest logits) */
+  strategy?: 'greedy' | 'top-k';
+  /** top-k's k (default 50), at most the build's top-k limit (`--generation N`, default 64) */
+  k?: number;
+  /** seeds top-k's generator (default 0): the same seed gives the same tokens, in every runtime */
+  seed?: number;
+  /** top-k's temperature (default 1), > 0 */
+  temperature?: number;
+  /** stop after generating this id (it is included) */
+  eosTokenId?: number;
+  /** generate(): called with each new id as it arrives (awaited when it returns a promise) */
+  onToken?: (token: number, index: number) => void | Promise<void>;
 }
 
 export interface ScheduleModule {
@@ -143,6 +164,13 @@ export class InferenceSession {
   readonly weightsSource: 'cache' | 'network';
   /** feeds may hold GPU tensors this session returned (run(feeds, {keep})) */
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
+  /** Generate token ids from a prompt's ids with a decoder built with the generation head: the KV
+   * cache stays on the GPU, each token is picked there (argmax or seeded top-k), and per step only
+   * its id (4 bytes) is read back. Resolves to the new ids. Not in a worker session. */
+  generate(ids: ArrayLike<number>, options?: GenerateOptions): Promise<number[]>;
+  /** The same as an async iterator of the new ids, one per step; breaking out of the loop frees
+   * the generation's GPU tensors. */
+  generateStream(ids: ArrayLike<number>, options?: GenerateOptions): AsyncGenerator<number, void, undefined>;
   /** bytes the last run read back from the GPU (kept outputs are not read; a dynamic module reads
    * its outputs at their sizes in that run) */
   readonly lastReadbackBytes?: number;

@@ -579,6 +579,98 @@ export function chromeTrace(info, ts, count) {
   return {traceEvents: events, displayTimeUnit: 'ms'};
 }
 
+// ---------------------------------------------------------------- generation (module/generation.py)
+const GEN = {INPUT_IDS: 'input_ids', ATTENTION_MASK: 'attention_mask', POSITION_IDS: 'position_ids', LOGITS: 'logits',
+  K: 'generation.k', TEMPERATURE: 'generation.temperature', RNG: 'generation.rng', TOKEN: 'generation.token',
+  RNG_NEXT: 'generation.rng_next', MASK_NEXT: 'generation.attention_mask_next', POSITIONS_NEXT: 'generation.position_ids_next'};
+const GEN_ACCEPTS = 'a decoder with inputs input_ids, attention_mask (optional), position_ids (optional) and ' +
+  'past_key_values.{i}.key/value, and outputs logits and present.{i}.key/value';
+const PAST_RE = /^past_key_values\.(\d+)\.(key|value)$/;
+const presentOf = (past) => past.replace(PAST_RE, 'present.$1.$2');
+
+/** The checks and first feeds of one generation (hal_webgpu/generate.py Generation, with its words). */
+function generationPlan(session, ids, options) {
+  const m = session.module;
+  const ins = Object.fromEntries(m.inputs.map((io) => [io.name, io]));
+  const outs = new Set(session.outputNames);
+  const past = m.inputs.map((io) => [io.name, io.name.match(PAST_RE)]).filter(([, x]) => x)
+    .sort((a, b) => (+a[1][1] - +b[1][1]) || (a[1][2] === 'value') - (b[1][2] === 'value')).map(([n]) => n);
+  const hasMask = GEN.ATTENTION_MASK in ins, hasPos = GEN.POSITION_IDS in ins;
+  const needOut = [GEN.TOKEN, GEN.RNG_NEXT, ...(hasMask ? [GEN.MASK_NEXT] : []), ...(hasPos ? [GEN.POSITIONS_NEXT] : [])];
+  const missing = [...[GEN.K, GEN.TEMPERATURE, GEN.RNG].filter((n) => !(n in ins)), ...needOut.filter((n) => !outs.has(n))];
+  if (missing.length) {
+    fail('model', `this build cannot generate: ${past.length ? 'it has no generation head' : 'it is not a decoder with a KV cache'} (missing ${JSON.stringify(missing)})`,
+      `build the decoder with webiree.compile(model, out, dims=..., generation=True) (\`webiree build --generation\`); generation takes ${GEN_ACCEPTS}`);
+  }
+  const known = new Set([GEN.INPUT_IDS, GEN.ATTENTION_MASK, GEN.POSITION_IDS, GEN.K, GEN.TEMPERATURE, GEN.RNG, ...past]);
+  const other = session.inputNames.filter((n) => !known.has(n));
+  if (other.length) fail('model', `this build cannot generate: inputs ${JSON.stringify(other)} are not ones generation knows how to feed`, `generation takes ${GEN_ACCEPTS}`);
+  const prompt = Array.from(ids ?? [], Number);
+  const maxNewTokens = options.maxNewTokens ?? 16;
+  const strategy = options.strategy ?? 'greedy';
+  const topK = m.info.generation_top_k ?? 0;
+  const temperature = options.temperature ?? 1.0;
+  if (!prompt.length) fail('feed', 'the prompt is empty', 'give at least one token id');
+  if (prompt.some((t) => !Number.isInteger(t))) fail('feed', 'the prompt must be a list of int token ids');
+  if (!Number.isInteger(maxNewTokens) || maxNewTokens < 0) fail('feed', `maxNewTokens must be an int >= 0, got ${maxNewTokens}`);
+  if (strategy !== 'greedy' && strategy !== 'top-k') fail('feed', `unknown strategy '${strategy}'`, "use 'greedy' or 'top-k'");
+  let k = 1;
+  if (strategy === 'top-k') {
+    k = options.k ?? 50;
+    if (!Number.isInteger(k) || k < 1) fail('feed', `top-k sampling needs k >= 1, got ${k}`);
+    if (topK < 1) fail('feed', 'this build samples no top-k (its generation head is greedy only)', "rebuild with generation=N (top-k up to N), or use strategy='greedy'");
+    if (k > topK) fail('feed', `k=${k} is above the build's top-k limit of ${topK}`, `use k <= ${topK}, or rebuild with generation=${k}`);
+    if (!(typeof temperature === 'number' && temperature > 0)) fail('feed', `temperature must be > 0, got ${temperature}`);
+  }
+  const seed = options.seed ?? 0;
+  if (!Number.isInteger(seed)) fail('feed', `seed must be an int, got ${seed}`);
+  const state = Number((BigInt(seed) * 2654435761n + 0x9E3779B9n) & 0xFFFFFFFFn);   // module/generation.py seed_state
+  const tensor = (name, values, dims) => {
+    const [type, Cls] = ONNX_TYPES[ins[name].onnxType];
+    return new Tensor(type, Cls.from(values, Cls === BigInt64Array || Cls === BigUint64Array ? BigInt : Number), dims);
+  };
+  // a past of length 0: its fixed dims, 1 for the batch (input_ids' first symbol), 0 for the past length
+  const batchReg = ins[GEN.INPUT_IDS].regs[0] ?? null;
+  const pastShape = (io, n) => io.dims.map((d, i) => {
+    const r = io.regs[i] ?? null;
+    return r === null ? d : r === batchReg ? 1 : n;
+  });
+  for (const p of past) {
+    if (!ins[p].regs.some((r) => r !== null)) fail('model', `input '${p}' has the fixed shape ${show(ins[p].dims)}; the past length must vary`, "build with a range for the past length, e.g. dims={'past_sequence': (0, 127)}");
+  }
+  const n = prompt.length;
+  const shapes = (seq, pastLen) => m.inputs.map((io) => {
+    if (io.name === GEN.INPUT_IDS || io.name === GEN.POSITION_IDS) return [1, seq];
+    if (io.name === GEN.ATTENTION_MASK) return [1, pastLen + seq];
+    if (past.includes(io.name)) return pastShape(io, pastLen);
+    return [1];
+  });
+  const fits = (what, seq, pastLen) => {
+    try { bindDims(m, shapes(seq, pastLen)); } catch (e) {
+      fail('feed', `a prompt of ${n} tokens and ${maxNewTokens} new tokens do not fit this build (${what}: ${e.message.replace(/ \(.*\)$/, '')})`,
+        "give a shorter prompt or fewer new tokens, or rebuild with wider ranges (e.g. dims={'past_sequence': (0, N - 1), 'total_sequence': (1, N)})");
+    }
+  };
+  fits('the first step', n, 0);
+  if (maxNewTokens > 1) fits('the last step', 1, n + maxNewTokens - 2);
+  const keep = [...past.map(presentOf), GEN.RNG_NEXT, ...(hasMask ? [GEN.MASK_NEXT] : []), ...(hasPos ? [GEN.POSITIONS_NEXT] : [])];
+  const constants = {};
+  try {
+    constants[GEN.K] = session._upload(GEN.K, tensor(GEN.K, [k], [1]));
+    constants[GEN.TEMPERATURE] = session._upload(GEN.TEMPERATURE, tensor(GEN.TEMPERATURE, [temperature], [1]));
+    constants[GEN.RNG] = session._upload(GEN.RNG, tensor(GEN.RNG, [state], [1]));
+  } catch (e) {
+    for (const t of Object.values(constants)) t.dispose();
+    throw e;
+  }
+  const first = {[GEN.INPUT_IDS]: tensor(GEN.INPUT_IDS, prompt, [1, n]), ...constants};
+  if (hasMask) first[GEN.ATTENTION_MASK] = tensor(GEN.ATTENTION_MASK, prompt.map(() => 1), [1, n]);
+  if (hasPos) first[GEN.POSITION_IDS] = tensor(GEN.POSITION_IDS, prompt.map((_, i) => i), [1, n]);
+  for (const p of past) first[p] = tensor(p, [], pastShape(ins[p], 0));
+  return {past, hasMask, hasPos, keep, outputs: [GEN.TOKEN, ...keep], constants, first, maxNewTokens,
+    ids: (values, dims) => tensor(GEN.INPUT_IDS, values, dims)};
+}
+
 export class InferenceSession {
   /**
    * Load a build folder (URL relative to the page) and prepare it on a new WebGPU device.
@@ -950,6 +1042,11 @@ export class InferenceSession {
     const keep = [...new Set(options.keep ?? [])];
     const badKeep = keep.filter((k) => !this.outputNames.includes(k));
     if (badKeep.length) fail('feed', `keep names unknown output(s) ${JSON.stringify(badKeep)}`, `the model's outputs are ${JSON.stringify(this.outputNames)}`);
+    const wanted = options.outputs ? [...new Set(options.outputs)] : this.outputNames;
+    const badOut = wanted.filter((k) => !this.outputNames.includes(k));
+    if (badOut.length) fail('feed', `unknown output name(s) ${JSON.stringify(badOut)}`, `the model's outputs are ${JSON.stringify(this.outputNames)}`);
+    const unwanted = keep.filter((k) => !wanted.includes(k));
+    if (unwanted.length) fail('feed', `keep names ${JSON.stringify(unwanted)}, not among the outputs returned`, `keep names outputs that run returns (${JSON.stringify(wanted)})`);
     const onGpu = (t) => t instanceof Tensor && t.location !== 'cpu';
     const encoded = m.inputs.map((io) => {
       const t = feeds[io.name];
@@ -959,7 +1056,7 @@ export class InferenceSession {
     // a dynamic module: this run's sizes, from the fed dims (checked against the ranges)
     const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims ?? [], Number))) : null;
     const dimsOf = (io) => (regs ? shapeOf(io, regs) : io.dims);
-    const plan = this._plan(this.outputNames.filter((n) => !keep.includes(n)), dimsOf, regs);
+    const plan = this._plan(wanted.filter((n) => !keep.includes(n)), dimsOf, regs);
     const dispatches = plan.items.filter((it) => it.bindGroup);
 
     d.pushErrorScope('validation');
@@ -1049,6 +1146,63 @@ export class InferenceSession {
                                                enumerable: false, configurable: true});
     }
     return results;
+  }
+
+  /** A GPU tensor for input `name` holding `tensor`'s data, written once (generation's constants). */
+  _upload(name, tensor) {
+    if (this._released) fail('device', 'the session was released', 'create a new session');
+    const io = this.module.inputs[this.inputNames.indexOf(name)];
+    const data = this._encode(io, tensor);
+    const size = round4(data.byteLength);
+    const buffer = this.device.createBuffer({label: `upload ${name}`, size: Math.max(size, 4),
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
+    if (data.byteLength) this.device.queue.writeBuffer(buffer, 0, data);
+    const t = gpuTensor(this, io, buffer, tensor.dims);
+    this._resident.add(t);
+    return t;
+  }
+
+  /**
+   * Generate token ids with a decoder built with the generation head (`webiree build --generation`,
+   * docs/generation.md), one step at a time: the KV cache stays on the GPU (present.* fed back as
+   * past_key_values.*), the next token is picked on the GPU (argmax, or top-k sampling from a
+   * seeded generator) and only its id (4 bytes) is read back. ids: the prompt's token ids. options:
+   * {maxNewTokens, strategy: 'greedy' | 'top-k', k, seed, temperature, eosTokenId}. Yields each id as
+   * it arrives; the GPU tensors are freed when it ends or the loop breaks.
+   */
+  async *generateStream(ids, options = {}) {
+    const g = generationPlan(this, ids, options);
+    const held = new Set(Object.values(g.constants));
+    let feeds = g.first;
+    try {
+      for (let i = 0; i < g.maxNewTokens; i++) {
+        const r = await this.run(feeds, {keep: g.keep, outputs: g.outputs});
+        const token = Number(r[GEN.TOKEN].data[0]);
+        for (const [name, t] of Object.entries(feeds)) {   // the last step's GPU inputs (not the constants)
+          if (t.location === 'gpu-buffer' && name !== GEN.K && name !== GEN.TEMPERATURE) { t.dispose(); held.delete(t); }
+        }
+        for (const name of g.keep) held.add(r[name]);
+        feeds = {[GEN.INPUT_IDS]: g.ids([token], [1, 1]), [GEN.K]: g.constants[GEN.K],
+          [GEN.TEMPERATURE]: g.constants[GEN.TEMPERATURE], [GEN.RNG]: r[GEN.RNG_NEXT]};
+        for (const p of g.past) feeds[p] = r[presentOf(p)];
+        if (g.hasMask) feeds[GEN.ATTENTION_MASK] = r[GEN.MASK_NEXT];
+        if (g.hasPos) feeds[GEN.POSITION_IDS] = r[GEN.POSITIONS_NEXT];
+        yield token;
+        if (options.eosTokenId !== undefined && options.eosTokenId !== null && token === options.eosTokenId) return;
+      }
+    } finally {
+      for (const t of held) t.dispose();
+    }
+  }
+
+  /** The new token ids (see generateStream); options.onToken(id, index) is called (and awaited) as each arrives. */
+  async generate(ids, options = {}) {
+    const out = [];
+    for await (const token of this.generateStream(ids, options)) {
+      out.push(token);
+      await options.onToken?.(token, out.length - 1);
+    }
+    return out;
   }
 
   /** Destroy every GPU buffer and the device. The session cannot run afterwards. */

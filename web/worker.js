@@ -91,6 +91,16 @@ export class WorkerSession {
     });
   }
 
+  /** Generation keeps the KV cache on the GPU between steps: not in a worker session. */
+  async generate() {
+    throw new WebireeError('feed', 'generate() is not available in a worker session', 'create the session without {worker: true} to generate');
+  }
+
+  // eslint-disable-next-line require-yield
+  async *generateStream() {
+    throw new WebireeError('feed', 'generateStream() is not available in a worker session', 'create the session without {worker: true} to generate');
+  }
+
   /** Run with CPU tensors; the outputs come back as CPU tensors (their buffers transferred). */
   async run(feeds, options = {}) {
     if (this._released) throw new WebireeError('device', 'the session was released', 'create a new session');

@@ -54,7 +54,7 @@ def cmd_build(args) -> int:
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
                 validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target,
-                tokenizer=args.tokenizer, dims=_parse_dims(args.dim))
+                tokenizer=args.tokenizer, dims=_parse_dims(args.dim), generation=args.generation)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="copy Pyodide into the site (pyodide/, 13 MB) so python.html runs offline")
     b.add_argument("--tokenizer", metavar="tokenizer.json",
                    help="copy a Hugging Face tokenizer.json into the site (named in the manifest)")
+    b.add_argument("--generation", nargs="?", const=True, default=None, type=int, metavar="TOP_K",
+                   help="a decoder with a KV cache: append the generation head (each token picked on the GPU; "
+                        "top-k sampling up to TOP_K, default 64, 0: greedy only); see docs/generation.md")
     b.add_argument("--dump-after", action="append", choices=["import", "lower", "fuse", "memory", "kernels"],
                    help="print a stage's product")
     b.set_defaults(fn=cmd_build)

@@ -117,6 +117,36 @@ class InferenceSession:
         return [NodeArg(io.name, declared_shape(self.module, io), _ort_type(io.onnx_type))
                 for io in self.module.outputs]
 
+    def generate_stream(self, ids, max_new_tokens: int, strategy: str = "greedy", k: int = 50, seed: int = 0,
+                        temperature: float = 1.0, eos_token_id: int | None = None):
+        """Iterator over the new token ids of a decoder built with the generation head
+        (webiree.compile(..., generation=True); docs/generation.md): the KV cache stays on the
+        GPU, each token is picked there (argmax, or top-k sampling with `seed`), and per step only
+        its id (4 bytes) is read back. ids: the prompt (a list or 1-D array of token ids, or
+        [1, n]). Stops after max_new_tokens, or after yielding eos_token_id."""
+        from .hal_webgpu.generate import generate_tokens
+        prompt = np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, (list, tuple)) else list(ids)
+        agen = generate_tokens(self.interp, prompt, max_new_tokens, strategy, k, seed, temperature, eos_token_id)
+        try:
+            while True:
+                try:
+                    token = run_sync(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield token
+        finally:
+            run_sync(agen.aclose())
+
+    def generate(self, ids, max_new_tokens: int, strategy: str = "greedy", k: int = 50, seed: int = 0,
+                 temperature: float = 1.0, eos_token_id: int | None = None, on_token=None) -> list:
+        """The new token ids (see generate_stream); on_token(id) is called as each one arrives."""
+        out = []
+        for token in self.generate_stream(ids, max_new_tokens, strategy, k, seed, temperature, eos_token_id):
+            out.append(token)
+            if on_token is not None:
+                on_token(token)
+        return out
+
     def _encode(self, io, value) -> bytes:
         try:
             a = np.asarray(value)

@@ -54,6 +54,7 @@ CORE_FILES = (
     "module/__init__.py",
     "module/format.py",
     "module/folder.py",
+    "module/generation.py",
     "version.py",
     "hal_webgpu/__init__.py",
     "hal_webgpu/hal.py",
@@ -61,6 +62,7 @@ CORE_FILES = (
     "hal_webgpu/requirements.py",
     "hal_webgpu/feeds.py",
     "hal_webgpu/browser_driver.py",
+    "hal_webgpu/generate.py",
     "runtime_py/__init__.py",
 )
 # whole packages of the runtime core (every .py file in them, sorted): the pure-Python tokenizers

@@ -137,7 +137,7 @@ def _read_tokenizer(path) -> bytes:
 
 
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
-            targets=None, tokenizer=None, dims=None):
+            targets=None, tokenizer=None, dims=None, generation=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]}: each dim an int or a range (min, max) / "min..max".
@@ -150,6 +150,8 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
       None: $WEBIREE_TARGETS, else wgsl.
     tokenizer: a Hugging Face tokenizer.json, copied into the build as tokenizer.json and named in the
       manifest's files (webiree.text and webiree.js read it).
+    generation: True, or a top-k limit (int; 0: greedy only), for a decoder with a KV cache: appends
+      the generation head so the runtimes' generate() picks each token on the GPU (docs/generation.md).
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     from ..compiler.importer import parse_dim
@@ -157,11 +159,13 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     dims = {k: parse_dim(v, f"dims[{k!r}]") for k, v in (dims or {}).items()}
     tokenizer_bytes = None if tokenizer is None else _read_tokenizer(tokenizer)
     result = compile_model(model, shapes, resolve_target(limits), validate=shader_validator if validate else None,
-                           dump_after=dump_after, targets=targets, dims=dims)
+                           dump_after=dump_after, targets=targets, dims=dims, generation=generation)
     options = {"input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v] for k, v in shapes.items()},
                "limits": limits if isinstance(limits, str) else "custom",
                **({"dims": {k: list(v) if isinstance(v, tuple) else v for k, v in dims.items()}} if dims else {}),
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
+    if "generation_top_k" in result.module.info:
+        options["generation"] = {"top_k": result.module.info["generation_top_k"]}
     if result.spirv:   # recorded only when not the default (WGSL only)
         fmt = result.module.executables[0].format if result.module.executables else "wgsl"
         options["targets"] = "spirv" if fmt == "spirv" else "wgsl,spirv"

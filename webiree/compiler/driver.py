@@ -30,7 +30,9 @@ from ..ir import kir, packing
 from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
 from . import memory, passes
-from .importer import import_model
+from .generation import add_generation_head, head_top_k, vocab_top_k
+from .importer import import_model, load_model_proto
+from ..module.generation import TOP_K_INFO
 from .lowering import lower
 from .registers import Registers
 from ..ir.sym import Dim, SymbolicDimError, is_static, upper, upper_shape
@@ -114,7 +116,7 @@ def parse_targets(targets) -> tuple:
 
 
 def compile_model(model, input_shapes=None, target=None, validate=None, dump_after=(),
-                  targets=None, dims=None) -> CompileResult:
+                  targets=None, dims=None, generation=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
     naming the stage, with the original exception chained (`--debug` shows its traceback).
     target: a Target (webiree/target.py), or what Target.resolve takes ('default', 'gpu', 'cpu',
@@ -123,11 +125,15 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
     format (the bundler hands in naga through wgpu and spirv-val; a failure raises).
     targets: see parse_targets (default WGSL only, or $WEBIREE_TARGETS).
     input_shapes: {input: [dims]}, each an int or a range (lo, hi) / "lo..hi"; dims: {symbolic dim
-    name: int or range} wherever the name appears (a range makes a dynamic build, ir/sym.py)."""
+    name: int or range} wherever the name appears (a range makes a dynamic build, ir/sym.py).
+    generation: True or a top-k limit (an int; 0: greedy only) appends the generation head to a
+    decoder with a KV cache (compiler/generation.py, module/generation.py), so that runtimes'
+    generate() picks each token on the GPU."""
     stage = ["import"]
     targets = parse_targets(targets)
     try:
-        return _compile(stage, model, input_shapes, Target.resolve(target), validate, dump_after, targets, dims)
+        return _compile(stage, model, input_shapes, Target.resolve(target), validate, dump_after, targets, dims,
+                        generation)
     except WebireeError:
         raise
     except Exception as e:
@@ -137,9 +143,13 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
 
 
 def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",),
-             dims=None) -> CompileResult:
+             dims=None, generation=None) -> CompileResult:
     lim = target.as_limits()
     dumps = {}
+    top_k = head_top_k(generation)
+    if top_k is not None:
+        model = add_generation_head(load_model_proto(model), top_k)
+        top_k = vocab_top_k(model)
     graph = import_model(model, input_shapes, dims)
     if "import" in dump_after:
         dumps["import"] = graph.summary()
@@ -197,6 +207,8 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
 
     stage[0] = "schedule"
     module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
+    if top_k is not None:
+        module.info[TOP_K_INFO] = top_k
     return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps, spv)
 
 

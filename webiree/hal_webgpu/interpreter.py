@@ -40,6 +40,7 @@ class DeviceTensor:
 
     def __init__(self, owner: "Interpreter", buffer, io, shape=None):
         self._owner = owner
+        self._io = io
         self.buffer = buffer
         self.name = io.name
         self.shape = tuple(io.shape if shape is None else shape)
@@ -70,8 +71,7 @@ class DeviceTensor:
 
     async def read_value(self):
         """(array.array, onnx_type), as Interpreter.run returns outputs."""
-        io = self._owner._out_by_name[self.name]
-        return decode_output(io, await self.read())
+        return decode_output(self._io, await self.read())
 
     def numpy(self):
         """The tensor as a numpy array of its ONNX type (native drivers only)."""
@@ -173,6 +173,23 @@ class Interpreter:
         self._plans[frozenset(range(len(m.outputs)))] = (self.items, self.readbacks, self.readback_size)
         self.prepared = True
         return self
+
+    def upload(self, name: str, data: bytes, shape) -> DeviceTensor:
+        """A device tensor holding `data` (storage bytes, as encode_input makes them) for input
+        `name`, written once and fed to any number of runs without another upload."""
+        io = next((i for i in self.m.inputs if i.name == name), None)
+        if io is None:
+            raise FeedError(f"unknown input name {name!r}", hint=f"the model's inputs are {self.input_names()}")
+        if not self.prepared:
+            raise DeviceError("this session is closed (or was never prepared)", hint="create a new session")
+        size = 4 * _numel(shape)
+        if len(data) != size:
+            raise FeedError(f"input {name!r} has {len(data)} bytes, expected {size} for shape {tuple(shape)}")
+        t = DeviceTensor(self, self.driver.create_buffer(max(_round4(size), 4), "storage", f"upload {name}"), io, shape)
+        self._resident[id(t)] = t
+        if data:
+            self.driver.write_buffer(t.buffer, 0, data)
+        return t
 
     def input_names(self):
         return [io.name for io in self.m.inputs]

@@ -18,6 +18,11 @@ is there. Results are `Tensor`s holding an array.array, at their shape in that r
 (a dynamic build's outputs vary with the fed sizes); `get_inputs()` shows a
 varying dim by its symbol's name, as onnxruntime does.
 
+A decoder built with the generation head generates token by token, the KV cache on the GPU and
+only each new token id read back: `await sess.generate([5, 17, 99], 16)` (greedy) or
+`generate(ids, 16, strategy="top-k", k=8, seed=1)`; `async for t in sess.generate_stream(...)`
+streams them (docs/generation.md).
+
 Outputs can stay on the GPU: `await sess.run(None, feeds, keep=["present"])`
 returns a `DeviceTensor` for `present` (no readback); feed it to the next run of
 the same session (copied on the GPU), `await t.read_value()` reads it back as
@@ -362,6 +367,42 @@ class InferenceSession:
             data, t = decode_output(io, raw[io.name])
             outs[io.name] = Tensor(t, data, run_shapes[io.name], io.name)
         return [outs[n] for n in wanted]
+
+    async def generate_stream(self, ids, max_new_tokens: int, strategy: str = "greedy", k: int = 50, seed: int = 0,
+                              temperature: float = 1.0, eos_token_id=None):
+        """Async iterator over the new token ids of a decoder built with the generation head, as
+        natively (webiree.InferenceSession.generate_stream): the KV cache stays on the GPU, each
+        token is picked there, only its id is read back. ids: a list (or array.array, or JS array)
+        of token ids."""
+        from ..hal_webgpu.generate import generate_tokens
+        if self._released:
+            raise DeviceError("the session was released", hint="create a new session")
+        if hasattr(ids, "to_py"):
+            ids = ids.to_py()
+        agen = generate_tokens(self.interp, list(ids), max_new_tokens, strategy, k, seed, temperature, eos_token_id)
+        try:
+            while True:
+                async with self._lock:   # a step at a time: runs of this session may come between steps
+                    try:
+                        token = await agen.__anext__()
+                    except StopAsyncIteration:
+                        return
+                yield token
+        finally:
+            await agen.aclose()
+
+    async def generate(self, ids, max_new_tokens: int, strategy: str = "greedy", k: int = 50, seed: int = 0,
+                       temperature: float = 1.0, eos_token_id=None, on_token=None) -> list:
+        """The new token ids (see generate_stream); on_token(id) is called (and awaited if it
+        returns an awaitable) as each one arrives."""
+        out = []
+        async for token in self.generate_stream(ids, max_new_tokens, strategy, k, seed, temperature, eos_token_id):
+            out.append(token)
+            if on_token is not None:
+                r = on_token(token)
+                if hasattr(r, "__await__"):
+                    await r
+        return out
 
     async def release(self):
         """Destroy the GPU buffers and the device; the session cannot run afterwards."""

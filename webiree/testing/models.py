@@ -235,6 +235,72 @@ def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, 
     return names
 
 
+GPT2_DIMS = {"batch": 1, "sequence": (1, 128), "past_sequence": (0, 127), "total_sequence": (1, 128)}
+
+
+def export_gpt2_with_past(path, seed: int = 0, layers: int = 2, n_embd: int = 64, heads: int = 4, vocab: int = 128,
+                          positions: int = 128, std: float = 0.3) -> list[str]:
+    """A GPT-2 decoder from `transformers` (GPT2LMHeadModel, seeded random weights from a small
+    config, tied embeddings) exported with its KV cache as decoders for onnxruntime are (TorchScript
+    exporter, opset 17): inputs input_ids [batch, sequence], attention_mask [batch, total_sequence],
+    position_ids [batch, sequence] and past_key_values.{i}.key / .value [batch, heads, past_sequence,
+    head_dim]; outputs logits [batch, sequence, vocab] and present.{i}.key / .value [batch, heads,
+    total_sequence, head_dim]. The first step runs with a past of length 0. transformers passes the
+    cache as a DynamicCache object: a wrapper builds one from the flat past tensors and returns its
+    layers' keys and values. Weights are N(0, std) (0.3, not GPT-2's 0.02, so that greedy decoding
+    does not repeat one token and the top two logits stay well apart), LayerNorms and biases
+    perturbed. Needs torch and transformers. Returns the input names; GPT2_DIMS are ranges that
+    build it for generation up to `positions` tokens."""
+    import warnings
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=vocab, n_embd=n_embd, n_layer=layers, n_head=heads, n_positions=positions,
+                     bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if ".ln" in name or name.startswith("transformer.ln"):
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+    class WithPast(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=cfg)
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    wrapped = WithPast(model).eval()    # eval before export: the exporter restores the mode it found
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    names = ["input_ids", "attention_mask", "position_ids"] + past_names
+    outputs = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    b, s, p = 1, 3, 5       # traced with a past of 5; every axis that varies is dynamic
+    example = (torch.randint(0, vocab, (b, s)), torch.ones(b, p + s, dtype=torch.int64),
+               torch.arange(p, p + s).unsqueeze(0), *[torch.randn(b, heads, p, n_embd // heads) for _ in past_names])
+    dynamic = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
+               "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"},
+               **{n: {0: "batch", 2: "past_sequence"} for n in past_names},
+               **{n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapped, example, str(path), input_names=names, output_names=outputs, opset_version=17,
+                          dynamo=False, dynamic_axes=dynamic)
+    return names
+
+
 def tuple_outputs(model, input_names: list, output_names: list):
     """A torch module calling a `transformers` model with keyword inputs (in `input_names` order)
     and returning its named outputs as a tuple, as torch.onnx.export wants it."""

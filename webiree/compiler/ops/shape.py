@@ -18,7 +18,7 @@ from ...ir.kir import select
 from .registry import Unsupported, register
 from ..symbolic import as_value
 from ..graph import internal_of_numpy
-from ...ir.sym import SymbolicDimError, ceildiv, dmax, fmt, is_dim
+from ...ir.sym import SymbolicDimError, ceildiv, dmax, fmt, is_dim, upper
 from ..symbolic import assume_equal
 from .common import broadcast_shapes, const_ints, norm_axis, required_ints
 
@@ -128,7 +128,9 @@ def transpose(ctx, node):
 
 @register("Concat")
 def concat(ctx, node):
-    names = [i for i in node.inputs if i and numel(ctx.shape(i)) > 0] or [node.inputs[0]]
+    # inputs that are empty at every size are dropped; one empty only at some sizes (a KV cache's
+    # past of length 0..N) stays: its range of the axis is then empty and never selected
+    names = [i for i in node.inputs if i and upper(numel(ctx.shape(i))) > 0] or [node.inputs[0]]
     s0 = ctx.shape(names[0])
     axis = norm_axis(node.attr("axis"), len(s0))
     for n in names:
@@ -146,14 +148,17 @@ def concat(ctx, node):
     out_shape = list(s0)
     out_shape[axis] = sum(sizes)
 
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)     # symbolic where a size is
+
     def rule(cs):
         c = cs[axis]
-        offsets = np.cumsum([0] + sizes)
         value = None
         for k in reversed(range(len(names))):
-            local = kir.clamp(c - int(offsets[k]), 0, max(sizes[k] - 1, 0))
+            local = kir.clamp(c - offsets[k], 0, dmax(sizes[k] - 1, 0))
             v = ctx.read(names[k], cs[:axis] + [local] + cs[axis + 1:])
-            value = v if value is None else select(c < int(offsets[k + 1]), v, value)
+            value = v if value is None else select(c < offsets[k + 1], v, value)
         return value
     ctx.generic(node.outputs[0], out_shape, ctx.dtype(names[0]), rule)
 
