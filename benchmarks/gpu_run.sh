@@ -18,16 +18,21 @@ right() {  # webiree bench marks a result above 1e-4 WRONG but exits 0: fail her
 bad = {k: v["rel_err"] for k, v in r.items() if k.startswith("webiree") and not v.get("rel_err", 0) <= 1e-4}
 sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not comparable" if bad else 0)' "$1"
 }
-# STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch, dynamic
-STAGES=${STAGES:-variants models torch dynamic}
+# STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch, dynamic,
+# precision (f32 / fp16 / int8 / int4 variants of MiniLM and MobileNetV2)
+STAGES=${STAGES:-variants models torch dynamic precision}
 if [[ $STAGES == *variants* ]]; then
   python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt" || status=1
 fi
 if [[ $STAGES == *dynamic* ]]; then  # one build for a range of sizes vs. a build pinned to the size run
   python3 benchmarks/dynamic_shapes.py --runs ${RUNS:-30} --json "$OUT/dynamic.json" 2>&1 | grep -v "^Forcing" || status=1
 fi
-[[ $STAGES == *models* || $STAGES == *torch* ]] || exit $status
+[[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
+if [[ $STAGES == *precision* ]]; then  # each variant checked within its model's tolerance, then timed in turns
+  python3 benchmarks/precision.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/precision.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
+fi
+[[ $STAGES == *models* || $STAGES == *torch* ]] || exit $status
 python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
 if [[ $STAGES == *models* ]]; then  # webiree with the adapter's limits (bench's default), onnxruntime CPU
   for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do

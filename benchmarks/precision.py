@@ -102,7 +102,8 @@ def main(argv=None) -> int:
                              "weights_bytes": (site / "weights.bin").stat().st_size,
                              "module_bytes": sum(f.stat().st_size for f in site.glob("*.wrm")),
                              "onnx_bytes": path.stat().st_size, "dispatches": r["dispatches"], "ort_ms": r["results"]["onnxruntime-cpu"]["median_ms"],
-                             "adapter": r["adapter"].get("device", "?")})
+                             "adapter": r["adapter"].get("device", "?"),
+                             "kinds": {k: (v["count"], round(v["ms"], 3)) for k, v in r.get("kinds", {}).items()}})
             times = [[] for _ in sessions]
             block = 10
             for _ in range(max(1, args.runs // block)):
@@ -125,6 +126,9 @@ def main(argv=None) -> int:
                       f".onnx {row['onnx_bytes'] / 1e6:7.2f} MB   onnxruntime-cpu {row['ort_ms']:7.2f} ms   "
                       f"rel.err {row['rel_err']:.1e} (tol {row['tolerance']:.1e}) {'ok' if row['ok'] else 'WRONG'}",
                       flush=True)
+                top = sorted(row["kinds"].items(), key=lambda kv: -kv[1][1])[:4]
+                print("      GPU time by kind (bench's profiled runs): " +
+                      ", ".join(f"{k} {n} x {ms:.2f} ms" for k, (n, ms) in top), flush=True)
             out[model] = rows
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -11,6 +11,7 @@ reduction for both the minimum and the maximum (the minimum of x and of -x).
 from __future__ import annotations
 
 from ...ir.program import numel
+from ...ir.sym import ceildiv, upper
 
 import itertools
 
@@ -24,6 +25,7 @@ from .registry import Unsupported, register
 from ...dtypes import BY_ONNX
 from .common import INT_BITS, onnx_type
 
+SPLIT, SPLIT_FROM = 64, 8192     # DynamicQuantizeLinear's range: slices of a long input, reduced apart
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
 _ids = itertools.count()
 
@@ -91,12 +93,24 @@ def dynamic_quantize(ctx, node):
     y, y_scale, y_zp = (list(node.outputs) + ["", ""])[:3]
     s = ctx.shape(x)
     n = numel(s)
-    both = ctx.temp("x_and_neg_x")      # [x; -x]: one ReduceMin gives min(x) and -max(x)
-    ctx.generic(both, (2, n), "f32", lambda cs: kir.select(kir.binary("eq", cs[0], 0), ctx.read_flat(x, cs[1]),
-                                                           -ctx.read_flat(x, cs[1])))
+    # [x; -x]: one ReduceMin gives min(x) and -max(x). A long x is reduced in two steps, over
+    # SPLIT slices and then over their results, so a GPU runs the first on many workgroups
+    # (+inf fills the last slice's tail: it changes no minimum).
+    parts = SPLIT if upper(n) >= SPLIT_FROM else 1
+    length = ceildiv(n, parts)
+
+    def x_and_neg_x(cs):
+        i = cs[1] * length + cs[2]
+        v = ctx.read_flat(x, kir.minimum(i, n - 1))
+        v = kir.select(kir.binary("eq", cs[0], 0), v, -v)
+        return v if parts == 1 else kir.select(i < n, v, kir.f32(float("inf")))
+    both = ctx.temp("x_and_neg_x")
+    ctx.generic(both, (2, parts, length), "f32", x_and_neg_x)
     low = ctx.temp("min_and_neg_max")
-    ctx.expand([_node(ctx, "ReduceMin", [both], [low], opset=13, keepdims=0, axes=[1]),
-                Node(f"{ctx.node.name}/params", "DynamicQuantizeParams", [x, low], [y, y_scale or ctx.temp("scale"),
+    steps = [_node(ctx, "ReduceMin", [both], [low], opset=13, keepdims=0, axes=[1, 2])] if parts == 1 else [
+        _node(ctx, "ReduceMin", [both], [low + ":parts"], opset=13, keepdims=0, axes=[2]),
+        _node(ctx, "ReduceMin", [low + ":parts"], [low], opset=13, keepdims=0, axes=[1])]
+    ctx.expand(steps + [Node(f"{ctx.node.name}/params", "DynamicQuantizeParams", [x, low], [y, y_scale or ctx.temp("scale"),
                      y_zp or ctx.temp("zero_point")], {}, "webiree", None, ctx.node.opset)])
 
 

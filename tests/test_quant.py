@@ -1,0 +1,36 @@
+"""8-bit quantization ops at sizes the conformance cases do not reach (compiler/ops/quant.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from webiree.compiler.ops.quant import SPLIT_FROM
+from webiree.testing.models import IR_VERSION
+
+from .conftest import compile_and_run, ort_run
+
+
+@pytest.mark.parametrize("n", [1000, SPLIT_FROM + 1, 3 * SPLIT_FROM + 17],
+                         ids=["one step", "two steps, ragged", "two steps, long"])
+def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
+    """The range of a long input is reduced in slices then over the slices (+inf filling the last
+    slice's tail): y, y_scale and y_zero_point equal onnxruntime's, with the extremes anywhere."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    x[-1], x[n // 3] = 9.5, -7.25          # the maximum in the tail, the minimum inside
+    g = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [n])],
+                          [helper.make_tensor_value_info("y", T.UINT8, [n]), helper.make_tensor_value_info("s", T.FLOAT, []),
+                           helper.make_tensor_value_info("z", T.UINT8, [])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    got, res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    ref = ort_run(m, {"x": x})
+    assert len(got) == 3
+    np.testing.assert_array_equal(got[1], ref[1])
+    np.testing.assert_array_equal(got[2], ref[2])
+    np.testing.assert_array_equal(got[0], ref[0])
+    reduces = [d for d in res.dispatches if d.kind == "reduce"]
+    assert len(reduces) == (1 if n < SPLIT_FROM else 2)
