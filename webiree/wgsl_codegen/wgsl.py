@@ -21,7 +21,11 @@ from ..ir.kir import Expr
 # legalize.FEATURES that WGSL itself guarantees (integer division, shifts and f32 -> int
 # conversions are defined for every operand; i32(b) / f32(b) convert a bool; unpack2x16float
 # converts a half exactly)
-SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cast_from_bool", "unpack_f16"})
+SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cast_from_bool", "unpack_f16",
+                      "round_f16", "round_bf16"})
+# features printed as a call of a helper function whose body is legalize.py's own rule for it, rendered
+# once per shader (a float16 model rounds every result: inlined, the formula would be repeated per value)
+HELPERS = ("round_f16", "round_bf16")
 
 TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "vec4f": "vec4<f32>"}
 
@@ -82,6 +86,7 @@ class _Renderer:
         self.uniform = {b.name for b in kernel.bindings if b.uniform}
         self.k = kernel
         self.uses_wi_f32 = False
+        self.helpers: set = set()
         self.tmp = 0
         self.lines: list[str] = []
 
@@ -117,6 +122,9 @@ class _Renderer:
             return f"vec4<f32>({self.expr(a[0], names)})"
         if op == "unpack_f16":
             return f"unpack2x16float({self.expr(a[0], names)}).x"
+        if op in HELPERS:
+            self.helpers.add(op)
+            return f"wi_{op}({self.expr(a[0], names)})"
         if op == "lane":
             return f"{self.expr(a[0], names)}.{e.attr}"
         if op == "sgbcast":
@@ -208,6 +216,18 @@ def _postorder(roots: list[Expr]):
             yield n
 
 
+def _helper(fn: str) -> str:
+    """`fn wi_<fn>(x: f32) -> f32`: the body is legalize.py's rule for the feature, legalized for WGSL."""
+    from .legalize import RULES, legalize
+    x = kir.var("x", "f32")
+    body = RULES[fn](None, kir.unary(fn, x))
+    k = legalize(kir.Kernel(f"wi_{fn}", [], (1, 1, 1), [kir.Let("r", body)], []), SUPPORTS - set(HELPERS))
+    r = _Renderer(k)
+    value = k.body[0].value
+    names = r.bind_common([value], "  ")
+    return "\n".join([f"fn wi_{fn}(x: f32) -> f32 {{"] + r.lines + [f"  return {r.expr(value, names)};", "}"])
+
+
 def render(kernel: kir.Kernel) -> str:
     """WGSL source of `kernel` (legalized for SUPPORTS), entry point `main`."""
     if any(a.dtype == "bool" for a in kernel.bindings + kernel.shared):
@@ -223,8 +243,10 @@ def render(kernel: kir.Kernel) -> str:
             head.append(f"@group(0) @binding({b.slot}) var<storage, read_write> {b.name}: array<{TYPE[b.dtype]}>;")
     for s in kernel.shared:
         head.append(f"var<workgroup> {s.name}: array<{TYPE[s.dtype]}, {s.size}>;")
-    if r.uses_wi_f32:
+    helpers = [_helper(fn) for fn in sorted(r.helpers)]
+    if r.uses_wi_f32 or any("wi_f32(" in h for h in helpers):
         head.append(WI_F32)
+    head += helpers
     x, y, z = kernel.workgroup_size
     head.append(f"@compute @workgroup_size({x}, {y}, {z})")
     head.append("fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,"
