@@ -7,7 +7,7 @@ trained in code by webiree.testing.text_models), served by the project's server 
 Playwright: text is typed into the page, the button clicked, and what the page shows is checked
 against the Python `tokenizers` library (the ids) and onnxruntime (CPU) run on those ids. Every wait
 on the page has a timeout (and the session's own GPU operations time out after 30 s), so a hang
-fails fast.
+fails fast. WEBIREE_UPDATE_SCREENSHOTS=1 refreshes demo/screenshots/{embedding,generation}.png.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from webiree.testing.models import make_model, mlp, small_cnn
 
 from .conftest import assert_close
 from .test_browser import EVAL_TIMEOUT_S
+from .test_demos import screenshot
 from .test_generate import assert_within_top_k, ort_greedy
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -118,7 +119,7 @@ def test_embedding_page(browser, server, demos, hf, tmp_path):
     ctx, pg = open_page(browser, server + "embedding/")
     try:
         assert "[CLS]" in pg.inner_text("#method") and "128" in pg.inner_text("#method")
-        for a, b in PAIRS:
+        for i, (a, b) in enumerate(PAIRS):
             pg.fill("#text-a", a)
             pg.fill("#text-b", b)
             click_and_wait(pg, "#embed")
@@ -137,9 +138,10 @@ def test_embedding_page(browser, server, demos, hf, tmp_path):
             sim = float(refs[0] @ refs[1])
             assert abs(got["similarity"] - sim) < 1e-5, (got["similarity"], sim)
             assert abs(float(pg.inner_text("#similarity")) - sim) < 6e-5
+            if i == 0:
+                screenshot(pg, tmp_path, "embedding.png")   # WEBIREE_UPDATE_SCREENSHOTS=1: demo/screenshots/
         assert len(got["a"]["ids"]) == 128 and got["a"]["untruncated"] > 128   # the long sentence was cut
         assert f"(cut from {got['a']['untruncated']})" in pg.inner_text("#tokens-a")
-        pg.screenshot(path=str(tmp_path / "embedding.png"))
         assert not pg.errors
     finally:
         ctx.close()
@@ -167,7 +169,8 @@ def test_generation_page_greedy(browser, server, demos, hf, tmp_path):
     assert d["task"] == {"name": "text-generation", "max_length": 129, "max_prompt": 128, "top_k": 64}
     tok = hf["generation"]
     prompt_ids = tok.encode(PROMPT).ids
-    want, _ = ort_greedy(_ort(d["onnx"]), prompt_ids, N_NEW)
+    want, gap = ort_greedy(_ort(d["onnx"]), prompt_ids, N_NEW)
+    assert gap > 1e-2 and len(set(want)) > N_NEW // 2, (gap, want)   # no near-ties; a decode that moves
     ctx, pg = open_page(browser, server + "generation/")
     try:
         assert pg.inner_text("#eos-token") == "<|endoftext|>"
@@ -184,7 +187,7 @@ def test_generation_page_greedy(browser, server, demos, hf, tmp_path):
         assert stats["tokens"] == N_NEW and stats["tokensPerSecond"] > 0 and 0 < stats["firstTokenMs"] <= stats["totalMs"]
         shown = pg.inner_text("#stats")
         assert f"{N_NEW} tokens in" in shown and f"{stats['tokensPerSecond']:.1f} tokens/s" in shown, shown
-        pg.screenshot(path=str(tmp_path / "generation.png"))
+        screenshot(pg, tmp_path, "generation.png")
         assert not pg.errors
     finally:
         ctx.close()

@@ -43,6 +43,8 @@ Reading a good story can take you to places you have never been.
 The orchestra played a slow song, and then a fast and happy one.
 A dog is catching a ball on the beach near the waves.
 The baker opens the shop at dawn, when the town is still asleep.
+What a wonderful day! Is it 3 o'clock already? Yes: 10, 20 or 42 (maybe 7), said Anna; "don't be late" - it's 5 or 6 km & 89 %.
+Questions, answers and numbers: 0 1 2 3 4 5 6 7 8 9 ... #1 @home $100 [note] {x} <tag> / \\ | _ = + * ~ ^ `code`.
 """
 
 WORDPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -106,13 +108,14 @@ def export_embedder(onnx_path, tokenizer_path, seed: int = 0) -> dict:
     return {"vocab_size": vocab, "inputs": names}
 
 
-def export_generator(onnx_path, tokenizer_path, seed: int = 0) -> dict:
+def export_generator(onnx_path, tokenizer_path, seed: int = 2, std: float = 0.5) -> dict:
     """A byte-level BPE tokenizer and a GPT-2 decoder with a KV cache (models.export_gpt2_with_past:
-    2 layers, 64 wide, 4 heads, 128 positions, random seeded weights) of its vocabulary. Build it with
+    2 layers, 64 wide, 4 heads, 128 positions, random seeded weights N(0, std); this seed and std give
+    a greedy decode that does not repeat one token) of its vocabulary. Build it with
     dims=models.GPT2_DIMS and generation=True. Returns {"vocab_size", "eos_token_id", "inputs"}."""
     from .models import export_gpt2_with_past
 
     vocab = bpe_tokenizer(tokenizer_path)
-    names = export_gpt2_with_past(onnx_path, seed=seed, vocab=vocab)
+    names = export_gpt2_with_past(onnx_path, seed=seed, vocab=vocab, std=std)
     _rename(onnx_path, "tiny GPT-2, random weights")
     return {"vocab_size": vocab, "eos_token_id": 0, "inputs": names}
