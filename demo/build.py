@@ -1,6 +1,6 @@
 """Build the demos into one folder that any static file server can serve.
 
-    .venv/bin/python demo/build.py all OUT        # or: digits | bench | python (several allowed)
+    .venv/bin/python demo/build.py all OUT        # or: digits | bench | python | embedding | generation (several allowed)
     .venv/bin/webiree serve OUT                   # then open http://127.0.0.1:8000/
 
 OUT/index.html           links to the demos
@@ -11,6 +11,12 @@ OUT/digits/              "draw a digit": demo/digits/train.py trains and exports
 OUT/digits/python.html   the same model from Python in the browser (Pyodide): the site's
                          python.html with its editable cell set to demo/python_snippet.py
                          ("python"; Pyodide itself is copied to OUT/pyodide/, 13 MB)
+OUT/embedding/           the text-embedding page (webiree's page for the task): a BERT encoder with
+                         random weights and a WordPiece tokenizer trained here on a little text
+                         (webiree.testing.text_models; OUT/embedding.onnx, OUT/embedding.tokenizer.json)
+OUT/generation/          the text-generation page: a GPT-2 decoder with random weights, a KV cache
+                         and the generation head, and a byte-level BPE tokenizer trained here
+                         (OUT/generation.onnx, OUT/generation.tokenizer.json)
 OUT/bench/               the benchmark page (demo/bench/index.html) and one build folder per
                          model: MobileNetV2 and MiniLM, the seed models of
                          tests/seed/export_seed_models.py (found in $WEBIREE_SEED_DIR,
@@ -98,6 +104,34 @@ def build_python(out: Path) -> str:
     return "ok"
 
 
+def build_embedding(out: Path) -> dict:
+    """OUT/embedding/: the text-embedding page over a random-weight BERT and a WordPiece tokenizer
+    trained here. Returns text_models.export_embedder's info and the build's manifest task."""
+    import webiree
+    from webiree.testing import text_models as T
+
+    onnx_path, tok_path = out / "embedding.onnx", out / "embedding.tokenizer.json"
+    info = T.export_embedder(onnx_path, tok_path)
+    res = webiree.compile(onnx_path, out / "embedding", dims=T.EMBEDDER_DIMS, tokenizer=tok_path,
+                          task="text-embedding")
+    return {**info, "onnx": onnx_path, "tokenizer": tok_path, "task": res.manifest["task"]}
+
+
+def build_generation(out: Path) -> dict:
+    """OUT/generation/: the text-generation page over a random-weight GPT-2 (KV cache, generation
+    head) and a byte-level BPE tokenizer trained here. Returns text_models.export_generator's info and
+    the build's manifest task."""
+    import webiree
+    from webiree.testing import text_models as T
+    from webiree.testing.models import GPT2_DIMS
+
+    onnx_path, tok_path = out / "generation.onnx", out / "generation.tokenizer.json"
+    info = T.export_generator(onnx_path, tok_path)
+    res = webiree.compile(onnx_path, out / "generation", dims=GPT2_DIMS, generation=True, tokenizer=tok_path,
+                          task="text-generation")
+    return {**info, "onnx": onnx_path, "tokenizer": tok_path, "task": res.manifest["task"]}
+
+
 def build_bench(out: Path, models=None) -> list[str]:
     """Compile the benchmark models into OUT/bench/NAME/ (default: MobileNetV2, MiniLM, and the
     digits CNN when OUT/digits.onnx exists) and write the page and models.json (every model
@@ -128,6 +162,10 @@ INDEX = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>web
 </head><body><h1>webiree demos</h1><ul>
 <li><a href="digits/">Draw a digit</a>: a CNN trained on scikit-learn's digits, live in WebGPU</li>
 <li><a href="digits/python.html">The same model from Python</a> (Pyodide)</li>
+<li><a href="embedding/">Sentence embeddings</a>: two sentences, tokenized in the page, their cosine similarity
+  (a BERT encoder with random weights)</li>
+<li><a href="generation/">Text generation</a>: a prompt, tokens streamed into the page as the GPU picks them
+  (a GPT-2 decoder with random weights: the text is noise)</li>
 <li><a href="bench/">Benchmark</a>: MobileNetV2 and MiniLM, latency distribution and per-dispatch GPU times</li>
 </ul></body></html>
 """
@@ -135,11 +173,11 @@ INDEX = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>web
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="Build webiree's demos into one folder.")
-    ap.add_argument("what", nargs="+", choices=["all", "digits", "python", "bench"])
+    ap.add_argument("what", nargs="+", choices=["all", "digits", "python", "bench", "embedding", "generation"])
     ap.add_argument("out", type=Path)
     ap.add_argument("--epochs", type=int, default=None, help="digits: training epochs (default: train.py's)")
     args = ap.parse_args(argv)
-    what = {"digits", "python", "bench"} if "all" in args.what else set(args.what)
+    what = {"digits", "python", "bench", "embedding", "generation"} if "all" in args.what else set(args.what)
     args.out.mkdir(parents=True, exist_ok=True)
     if "python" in what and not (args.out / "digits").is_dir():
         what.add("digits")
@@ -147,6 +185,10 @@ def main(argv=None) -> None:
         build_digits(args.out, args.epochs)
     if "python" in what:
         build_python(args.out)
+    if "embedding" in what:
+        build_embedding(args.out)
+    if "generation" in what:
+        build_generation(args.out)
     if "bench" in what:
         build_bench(args.out)
     (args.out / "index.html").write_text(INDEX)

@@ -506,8 +506,9 @@ def test_write_site_with_sample_feeds(tmp_path, sites):
 def test_runtime_is_tiny():
     web = Path(webiree.__file__).resolve().parents[1] / "web"
     gz = len(gzip.compress((web / "webiree.js").read_bytes(), 9))
-    # 16 KiB until it ran dynamic modules (symbols, registers, bind_dims' feed checks): about 2 KiB more
-    assert gz < 18 * 1024, f"webiree.js is {gz} bytes gzipped"
+    # 16 KiB until it ran dynamic modules (symbols, registers, bind_dims' feed checks): about 2 KiB more;
+    # token-by-token generation (its checks and step loop, docs/generation.md): about 2.7 KiB more
+    assert gz < 21 * 1024, f"webiree.js is {gz} bytes gzipped"
 
 
 def test_module_with_subgroup_kernels(page, server, sites):

@@ -54,14 +54,14 @@ def cmd_build(args) -> int:
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
                 validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target,
-                tokenizer=args.tokenizer, dims=_parse_dims(args.dim), generation=args.generation)
+                tokenizer=args.tokenizer, dims=_parse_dims(args.dim), generation=args.generation, task=args.task)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
     print(f"webiree: built {m['model']} -> {args.out} in {time.perf_counter() - t0:.2f} s: "
           f"{m['dispatches']} dispatches, {m['executables']} executables, "
           f"module {m['sizes']['module_bytes']} B, weights {m['sizes']['weights_bytes']} B, "
-          f"arena {m['sizes']['arena_bytes']} B")
+          f"arena {m['sizes']['arena_bytes']} B; page: {m['task']['name']}")
     return 0
 
 
@@ -166,6 +166,8 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .bundler.tasks import TASKS
+
     p = argparse.ArgumentParser(prog="webiree", description="Compile ONNX models to WebGPU and run them.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
@@ -191,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--generation", nargs="?", const=True, default=None, type=int, metavar="TOP_K",
                    help="a decoder with a KV cache: append the generation head (each token picked on the GPU; "
                         "top-k sampling up to TOP_K, default 64, 0: greedy only); see docs/generation.md")
+    b.add_argument("--task", choices=list(TASKS), default=None,
+                   help="what the site's page is for (default: picked from the model's inputs and outputs): "
+                        "text-embedding (an encoder + --tokenizer: two sentences, their embeddings' cosine "
+                        "similarity), text-generation (a decoder built with --generation + --tokenizer: tokens "
+                        "streamed into the page), image-classification, image-segmentation, generic")
     b.add_argument("--dump-after", action="append", choices=["import", "lower", "fuse", "memory", "kernels"],
                    help="print a stage's product")
     b.set_defaults(fn=cmd_build)

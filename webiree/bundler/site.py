@@ -9,6 +9,11 @@ Output layout (stable; see docs/schedule-module.md):
     DIR/shaders/*.wgsl     every executable, for reading (the module embeds them)
     DIR/shaders/*.spv      the same executables as SPIR-V 1.3 (when the targets include spirv)
     DIR/tokenizer.json     the Hugging Face tokenizer given with --tokenizer, byte for byte
+    DIR/index.html ...     the page and the runtime (bundler/web.py); the page is the task's
+
+The manifest's "task" says what the page is for (bundler/tasks.py): {"name": "text-embedding" |
+"text-generation" | "image-classification" | "image-segmentation" | "generic", ...what its page needs},
+named with --task or picked from the model's inputs and outputs.
 
 Builds are reproducible: no timestamps, stable ordering, same bytes twice.
 
@@ -52,7 +57,8 @@ def weight_ranges(module, weights: bytes) -> list[dict]:
     return [{"offset": a, "size": b - a, "sha256": sha256_tag(weights[a:b])} for a, b in zip(cuts, cuts[1:])]
 
 
-def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer: bytes | None = None) -> dict:
+def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer: bytes | None = None,
+                task: dict | None = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shader_dir = out / SHADER_DIR
@@ -89,10 +95,11 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer
         "executables": len(m.executables),
         "build_options": options,
         "limits": m.limits,
+        "task": task or {"name": "generic"},
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     from .web import write_site  # the browser runtime, demo page and a seeded sample input
-    write_site(out, result, pyodide=pyodide)
+    write_site(out, result, pyodide=pyodide, task=manifest["task"])
     return manifest
 
 
@@ -137,7 +144,7 @@ def _read_tokenizer(path) -> bytes:
 
 
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
-            targets=None, tokenizer=None, dims=None, generation=None):
+            targets=None, tokenizer=None, dims=None, generation=None, task=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]}: each dim an int or a range (min, max) / "min..max".
@@ -152,9 +159,15 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
       manifest's files (webiree.text and webiree.js read it).
     generation: True, or a top-k limit (int; 0: greedy only), for a decoder with a KV cache: appends
       the generation head so the runtimes' generate() picks each token on the GPU (docs/generation.md).
+    task: what the site's page is for (bundler/tasks.py): 'text-embedding', 'text-generation',
+      'image-classification', 'image-segmentation' or 'generic'; None picks it from the model's inputs
+      and outputs (and the tokenizer). A named task that does not fit is a ModelError. Recorded in the
+      manifest as "task".
     Returns the CompileResult (dispatches, memory plan, module, ...).
     """
     from ..compiler.importer import parse_dim
+    from .tasks import check_task_options, pick_task
+    check_task_options(task, tokenizer is not None, generation is not None and generation is not False)
     shapes = {k: [parse_dim(d, f"input_shapes[{k!r}]") for d in v] for k, v in (input_shapes or {}).items()}
     dims = {k: parse_dim(v, f"dims[{k!r}]") for k, v in (dims or {}).items()}
     tokenizer_bytes = None if tokenizer is None else _read_tokenizer(tokenizer)
@@ -166,11 +179,13 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
     if "generation_top_k" in result.module.info:
         options["generation"] = {"top_k": result.module.info["generation_top_k"]}
+    task_info = pick_task(result.module, task, tokenizer is not None)
     if result.spirv:   # recorded only when not the default (WGSL only)
         fmt = result.module.executables[0].format if result.module.executables else "wgsl"
         options["targets"] = "spirv" if fmt == "spirv" else "wgsl,spirv"
     try:
-        result.manifest = write_build(result, out_dir, options, pyodide=pyodide, tokenizer=tokenizer_bytes)
+        result.manifest = write_build(result, out_dir, options, pyodide=pyodide, tokenizer=tokenizer_bytes,
+                                      task=task_info)
     except OSError as e:
         from ..errors import WebireeError
         raise WebireeError(f"cannot write the build to {os.fspath(out_dir)}: {e.strerror or e}",

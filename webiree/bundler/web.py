@@ -7,10 +7,14 @@
     worker.js      the Web Worker of InferenceSession.create(url, {worker: true})
     tokenizer.js   Hugging Face tokenizer.json files in the page (text -> token ids)
     tokenizer.d.ts its TypeScript declarations
-    index.html     a demo page: loads the model with a progress bar, runs it on
-                   the sample input, lets the user pick an image (one 1x3xHxW
-                   float input) or type token ids (int64 inputs), shows the
-                   outputs, latencies and a per-dispatch profile
+    index.html     the task's page (the manifest's "task", bundler/tasks.py):
+                   text-embedding and text-generation: the pages of bundler/pages.py
+                   (text typed, tokenized in the page); the generic page then
+                   stays as generic.html. Any other task: the generic page, which
+                   loads the model with a progress bar, runs it on the sample
+                   input, lets the user pick an image (one 1x3xHxW float input)
+                   or type token ids (int64 inputs), shows the outputs,
+                   latencies and a per-dispatch profile
     sample.json    the sample input: {"inputs": [{name, type, dims, data}]},
                    data = base64 of the little-endian values in the ONNX type.
                    Omitted for inputs over SAMPLE_MAX_ELEMENTS elements; the
@@ -42,6 +46,7 @@ from ..errors import WebireeError
 from .assets import RUNTIME_FILES, runtime_dir
 
 INDEX_FILE = "index.html"
+GENERIC_FILE = "generic.html"   # the generic page, kept beside a text task's page
 SAMPLE_FILE = "sample.json"
 SAMPLE_MAX_ELEMENTS = 1 << 18
 SAMPLE_SEED = 0
@@ -100,13 +105,14 @@ def _count(shape) -> int:
     return n
 
 
-def write_site(out_dir, result, sample_feeds=None, pyodide=False) -> list[str]:
+def write_site(out_dir, result, sample_feeds=None, pyodide=False, task: dict | None = None) -> list[str]:
     """Write the runtime, the demo page and the sample input into the build folder
     `out_dir` (already holding the files of `result`). Returns the names written.
 
     sample_feeds: {input name: array} for sample.json (default: seeded values, see sample_entries).
     pyodide: also copy Pyodide itself into pyodide/ (the runtime wheel and
     python.html are always written; they are small).
+    task: the manifest's "task" (bundler/tasks.py); None: the generic page.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,8 +121,15 @@ def write_site(out_dir, result, sample_feeds=None, pyodide=False) -> list[str]:
     for name in RUNTIME_FILES:
         (out / name).write_bytes((src / name).read_bytes())
         written.append(name)
-    (out / INDEX_FILE).write_text(INDEX_HTML, encoding="utf-8")
+    from .pages import TASK_PAGES
+    page = TASK_PAGES.get((task or {}).get("name"))
+    (out / INDEX_FILE).write_text(page or INDEX_HTML, encoding="utf-8")
     written.append(INDEX_FILE)
+    if page:
+        (out / GENERIC_FILE).write_text(INDEX_HTML, encoding="utf-8")
+        written.append(GENERIC_FILE)
+    else:
+        (out / GENERIC_FILE).unlink(missing_ok=True)   # no stale page from an earlier build
     module = result.module
     entries = sample_entries(module, sample_feeds)
     sample_path = out / SAMPLE_FILE

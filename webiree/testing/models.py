@@ -206,7 +206,7 @@ def tiny_attention(seed: int = 0, seq: int = 8, vocab: int = 32, d: int = 16, he
 
 
 def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4,
-                        max_positions: int = 512, attn: str = "sdpa") -> list[str]:
+                        max_positions: int = 512, attn: str = "sdpa", vocab_size: int = 100) -> list[str]:
     """A BERT encoder from `transformers` (seeded random weights from a config, no hub access)
     exported to ONNX with symbolic `batch` and `sequence` axes on every input (TorchScript
     exporter, opset 17), as a user exports one. Needs torch and transformers (the models extra).
@@ -215,7 +215,7 @@ def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, 
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=2 * hidden, max_position_embeddings=max_positions, type_vocab_size=2,
                      attn_implementation=attn)
     model = BertModel(cfg).eval()
