@@ -69,29 +69,17 @@ def export(name: str, path: Path) -> None:
 
 def interleaved(path: Path, case: dict, args) -> tuple[float, float]:
     """Median ms of the pinned and the dynamic build, run alternately (bench checked both)."""
-    import statistics
-    import time
-
-    from webiree.bench import _feeds
+    from webiree.bench import _feeds, alternating_medians
     from webiree.bundler.site import compile as build
     from webiree.session import InferenceSession
     with tempfile.TemporaryDirectory() as tmp:
         build(path, Path(tmp) / "p", limits=args.limits, dims=case["dims"])
         build(path, Path(tmp) / "d", limits=args.limits, dims={**case["dims"], **case["dynamic"]})
         sessions = [InferenceSession(Path(tmp) / "p"), InferenceSession(Path(tmp) / "d")]
-        feeds = _feeds(sessions[0].module, None)
-        times = [[], []]
-        block = 10      # runs per turn: a turn per run would measure the switch between the two
-        for _ in range(max(1, args.runs // block)):
-            for s, t in zip(sessions, times):
-                for i in range(args.warmup + block):
-                    t0 = time.perf_counter()
-                    s.run(None, feeds)
-                    if i >= args.warmup:
-                        t.append((time.perf_counter() - t0) * 1e3)
+        pinned, dynamic = alternating_medians(sessions, _feeds(sessions[0].module, None), args.runs, args.warmup)
         for s in sessions:
             s.close()
-    return statistics.median(times[0]), statistics.median(times[1])
+    return pinned, dynamic
 
 
 def main(argv=None) -> int:

@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -79,7 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
-    from webiree.bench import bench
+    from webiree.bench import alternating_medians, bench
     from webiree.bundler.site import compile as build
     from webiree.session import InferenceSession
 
@@ -104,22 +102,14 @@ def main(argv=None) -> int:
                              "onnx_bytes": path.stat().st_size, "dispatches": r["dispatches"], "ort_ms": r["results"]["onnxruntime-cpu"]["median_ms"],
                              "adapter": r["adapter"].get("device", "?"),
                              "kinds": {k: (v["count"], round(v["ms"], 3)) for k, v in r.get("kinds", {}).items()}})
-            times = [[] for _ in sessions]
-            block = 10
-            for _ in range(max(1, args.runs // block)):
-                for s, t in zip(sessions, times):
-                    for i in range(args.warmup + block):
-                        t0 = time.perf_counter()
-                        s.run(None, feeds)
-                        if i >= args.warmup:
-                            t.append((time.perf_counter() - t0) * 1e3)
+            medians = alternating_medians(sessions, feeds, args.runs, args.warmup)
             for s in sessions:
                 s.close()
-            base = statistics.median(times[0])
-            print(f"{model} on {rows[0]['adapter']} (webiree limits {args.limits}, median of {len(times[0])} runs "
+            base = medians[0]
+            print(f"{model} on {rows[0]['adapter']} (webiree limits {args.limits}, median of {max(1, args.runs // 10) * 10} runs "
                   f"in alternating turns):")
-            for row, t in zip(rows, times):
-                row["ms"] = statistics.median(t)
+            for row, ms in zip(rows, medians):
+                row["ms"] = ms
                 row["ratio"] = row["ms"] / base
                 print(f"  {row['variant']:<13} {row['ms']:9.2f} ms  {row['ratio']:5.2f}x f32  {row['dispatches']:4d} dispatches  weights.bin "
                       f"{row['weights_bytes'] / 1e6:7.2f} MB (+ module {row['module_bytes'] / 1e3:5.0f} kB)  "

@@ -46,6 +46,21 @@ def _median_ms(fn, runs: int, warmup: int, warm_seconds: float = 1.0) -> tuple[f
     return statistics.median(times), out
 
 
+def alternating_medians(sessions, feeds, runs: int, warmup: int, block: int = 10) -> list[float]:
+    """Median ms of each session, run in alternating turns of `block` runs (each turn after its own
+    warm-up runs): the same adapter, feeds and moment, so clock and load drift hit all alike (a
+    turn per run would measure the switch between them)."""
+    times = [[] for _ in sessions]
+    for _ in range(max(1, runs // block)):
+        for s, t in zip(sessions, times):
+            for i in range(warmup + block):
+                t0 = time.perf_counter()
+                s.run(None, feeds)
+                if i >= warmup:
+                    t.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
 def _max_rel_err(outs, refs) -> float:
     """The worst output's error; inf when the output counts differ (a result that cannot be right)."""
     outs, refs = list(outs), list(refs)
