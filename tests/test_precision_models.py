@@ -282,8 +282,15 @@ def test_browser_matches_onnxruntime_within_its_noise(models, page, server, name
 
     _, model, feeds = models.variant(name)
     models.site(name)
-    r = run_site(page, server, name, feeds, runtime=name, timeout_s=120)
+    # float16 feeds as a Float16Array where the engine has one (the same bits), else as Uint16Array bits
+    as_halves = ("for (const [k, t] of Object.entries(tensors)) if (t.type === 'float16' && globalThis.Float16Array) "
+                 "tensors[k] = new w.Tensor('float16', new Float16Array(t.data.buffer), t.dims);")
+    r = run_site(page, server, name, feeds, runtime=name, timeout_s=120, tweak=as_halves)
     check_no_error(r)
+    halves = page.evaluate("() => typeof globalThis.Float16Array === 'function'")
+    for o in model.graph.output:        # float16 outputs: a Float16Array where the engine has one
+        if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+            assert r["out"][o.name]["cls"] == ("Float16Array" if halves else "Uint16Array"), r["out"][o.name]["cls"]
     got = decode_outputs(r)
     assert list(got) == [o.name for o in model.graph.output]
     off, on = models.reference(name)

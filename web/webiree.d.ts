@@ -1,11 +1,20 @@
 // Type declarations of webiree.js, the webiree browser runtime.
 
 export type TensorType = 'float32' | 'int64' | 'int32' | 'bool' | 'uint8' | 'int8' | 'uint16' | 'int16' |
-  'uint32' | 'float64';
+  'uint32' | 'float64' | 'uint64' | 'float16' | 'bfloat16';
+
+/** A Float16Array where the JavaScript engine has one (globalThis.Float16Array). */
+export type Float16ArrayLike = Uint16Array | (typeof globalThis extends { Float16Array: new (...a: any[]) => infer F } ? F : never);
 
 export interface TensorDataMap {
   float32: Float32Array; int64: BigInt64Array; int32: Int32Array; bool: Uint8Array; uint8: Uint8Array;
   int8: Int8Array; uint16: Uint16Array; int16: Int16Array; uint32: Uint32Array; float64: Float64Array;
+  uint64: BigUint64Array;
+  /** feeds: the halves' bits as a Uint16Array, or a Float16Array where the engine has one; outputs: a
+   * Float16Array where the engine has one (globalThis.Float16Array), else a Uint16Array of the bits */
+  float16: Float16ArrayLike;
+  /** the bfloat16 bits (the upper halves of float32 values), in and out */
+  bfloat16: Uint16Array;
 }
 
 export class Tensor<T extends TensorType = TensorType> {

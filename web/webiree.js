@@ -34,7 +34,8 @@ const ONNX_TYPES = {1: ['float32', Float32Array], 2: ['uint8', Uint8Array], 3: [
   13: ['uint64', BigUint64Array], 16: ['bfloat16', Uint16Array]};
 const ARRAY_OF = Object.fromEntries(Object.values(ONNX_TYPES));
 // float16 / bfloat16 are computed in f32 (dtypes.py `rounded`): feeds are Uint16Array bits (float16 also a
-// Float16Array where the browser has one), outputs Uint16Array bits; both conversions are exact
+// Float16Array where the browser has one); float16 outputs are a Float16Array where the browser has one,
+// else Uint16Array bits, bfloat16 outputs Uint16Array bits; every conversion is exact
 const F16_ARRAY = globalThis.Float16Array;
 function f32OfF16Bits(h) {
   const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
@@ -86,12 +87,15 @@ export class Tensor {
   constructor(type, data, dims) {
     if (typeof type !== 'string') {
       [data, dims] = [type, data];
-      type = Object.keys(ARRAY_OF).find((t) => data instanceof ARRAY_OF[t] && t !== 'bool');
+      type = F16_ARRAY && data instanceof F16_ARRAY ? 'float16'
+        : Object.keys(ARRAY_OF).find((t) => data instanceof ARRAY_OF[t] && t !== 'bool');
       if (!type) fail('feed', 'cannot infer the tensor type of this data; pass the type first');
     }
     const Cls = ARRAY_OF[type] ?? fail('feed', `unsupported tensor type '${type}'`);
     if (Array.isArray(data)) data = (type === 'int64' || type === 'uint64') ? Cls.from(data, BigInt) : Cls.from(data);
-    if (!(data instanceof Cls)) fail('feed', `a '${type}' tensor needs a ${Cls.name}, got ${data?.constructor?.name}`);
+    if (!(data instanceof Cls || (type === 'float16' && F16_ARRAY && data instanceof F16_ARRAY))) {
+      fail('feed', `a '${type}' tensor needs a ${Cls.name}, got ${data?.constructor?.name}`);
+    }
     this.type = type;
     this.data = data;
     this.dims = dims ? Array.from(dims, Number) : [data.length];
@@ -1013,6 +1017,7 @@ export class InferenceSession {
     if (io.onnxType === 10 || io.onnxType === 16) {
       const bits = new Uint32Array(bytes.buffer, bytes.byteOffset, n);
       data = io.onnxType === 10 ? Uint16Array.from(bits, f16BitsOfF32Bits) : Uint16Array.from(bits, (u) => u >>> 16);
+      if (io.onnxType === 10 && F16_ARRAY) data = new F16_ARRAY(data.buffer);   // the same bits, as halves
     } else if (Cls === BigInt64Array || Cls === BigUint64Array) data = Cls.from(raw, BigInt);
     else if (type === 'bool') data = Uint8Array.from(raw, (v) => (v ? 1 : 0));
     else data = Cls.from(raw);
