@@ -259,6 +259,18 @@ def test_weights_keep_their_shipped_size(models, name, capsys):
     _report(capsys, f"{name}: weights.bin {written} B, shipped {shipped} B, ratio {ratio:.3f} "
                     f"(initializers {dict(init_types(model))})")
     assert ratio <= WEIGHTS_RATIO, f"{name}: weights.bin is {ratio:.3f}x the {shipped} bytes the model ships"
+    # inspect shows the bytes by storage form (they add up to the weights, less the pages' padding) and
+    # every contraction's precision plan: f32 compute on weights in the model's narrow form
+    from webiree.module.dump import describe_build
+    text = describe_build(site)
+    form = {"fp16": "f16", "dynamic": "i8" if "qint8" in name else "u8", "qdq": "i8"}[VARIANTS[name][1]]
+    forms = res.module.info["memory"]["weights_by_form"]
+    assert forms.get(form, 0) > 0.8 * written and 0 <= written - sum(forms.values()) < 256 * len(forms) * 64, forms
+    assert "weights stored as: " in text and f"{form} {forms[form]} B" in text
+    contractions = [d for d in res.module.info["dispatches"] if d["kind"] in ("matmul", "conv")]
+    assert contractions and all(d["precision"].startswith("f32") for d in contractions)
+    assert sum(f"weights {form}" in d["precision"] for d in contractions) >= len(contractions) // 2, \
+        [d["precision"] for d in contractions]
 
 
 # ---------------------------------------------------------------- the browser

@@ -212,6 +212,22 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps, spv)
 
 
+def _precision(op, prog) -> str:
+    """The dispatch's precision plan, as inspect shows it: what it computes and accumulates in, the
+    storage forms of the weights it reads (ir/packing.py) and the narrow type its result is rounded to."""
+    forms = sorted({prog.tensors[prog.root(r)].pack for r in op.reads()
+                    if prog.tensors[prog.root(r)].kind == "const" and prog.tensors[prog.root(r)].pack})
+    exprs = [getattr(op, "expr", None), getattr(op, "epilogue", None), getattr(op, "result", None)]
+    rounded = sorted({n.op[len("round_"):] for e in exprs if e is not None for n in kir.walk(e)
+                      if n.op in ("round_f16", "round_bf16")})
+    plan = "f32" if prog.tensors[op.out].dtype == "f32" else prog.tensors[op.out].dtype
+    if forms:
+        plan += ", weights " + "/".join(forms)
+    if rounded:
+        plan += ", result rounded to " + "/".join(rounded)
+    return plan
+
+
 def _weights_by_form(prog, plan) -> dict:
     """Stored bytes of the constants by storage form ('f32', 'i32', 'f16', 'i8', ...: ir/packing.py)."""
     out: dict = {}
@@ -265,7 +281,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
         info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": [str(g) for g in d.grid]
                                 if not is_static(d.grid) else list(d.grid),
                                 "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors,
-                                "flops": op_flops(op)})
+                                "flops": op_flops(op), "precision": _precision(op, prog)})
     commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
     symbols = []
     if regs is not None:

@@ -42,7 +42,8 @@ def describe_build(path) -> str:
     for i, dd in enumerate(ds):
         cfg = dd.get("config", {})
         lines.append(f"  {i:>4} {dd['kind']:<9} {dd['name']:<32} grid {tuple(dd['grid'])} wg {tuple(cfg.get('workgroup_size', ()))} "
-                     f"{cfg.get('strategy', '')} exec {dd['exec']}  fuses {dd['nodes']}")
+                     f"{cfg.get('strategy', '')} exec {dd['exec']}" +
+                     (f"  [{dd['precision']}]" if dd.get("precision") else "") + f"  fuses {dd['nodes']}")
     views = info.get("views", [])
     lines.append(f"views (no dispatch): {len(views)}")
     return "\n".join(lines)
