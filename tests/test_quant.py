@@ -34,3 +34,32 @@ def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
     np.testing.assert_array_equal(got[0], ref[0])
     reduces = [d for d in res.dispatches if d.kind == "reduce"]
     assert len(reduces) == (1 if n < SPLIT_FROM else 2)
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+def test_qdq_pad_folds_into_the_conv(tmp_path, opset):
+    """Pad (zeros) -> QuantizeLinear -> DequantizeLinear -> Conv, as quantize_static writes a padded
+    convolution: the QDQ pair maps 0 to 0, so it runs before the pad (passes.sink_zero_pads) and the
+    pad becomes the convolution's own (one dispatch); the pad value's own Q/DQ folds at opset 13 too
+    (onnx.reference implements DequantizeLinear from 19 on). Equal to onnxruntime."""
+    from onnx import numpy_helper
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.02, np.float32), "s"),
+             numpy_helper.from_array(np.array(3, np.int8), "z"),
+             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    nodes = [helper.make_node("QuantizeLinear", ["zero", "s", "z"], ["zq"]),
+             helper.make_node("DequantizeLinear", ["zq", "s", "z"], ["zdq"]),
+             helper.make_node("Pad", ["x", "pads", "zdq"], ["p"]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["pdq"]),
+             helper.make_node("Conv", ["pdq", "w"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    (got,), res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    (ref,) = ort_run(m, {"x": x})
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert [d.kind for d in res.dispatches] == ["conv"], [d.kind for d in res.dispatches]

@@ -158,6 +158,7 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     if prog.symbols and "spirv" in targets:
         raise WebireeError("SPIR-V executables of a dynamic build (sizes in ranges) are not supported yet",
                            hint="build the dynamic module for WGSL (the default), or pin every dim for SPIR-V")
+    passes.sink_zero_pads(prog)
     passes.fold_pad_into_conv(prog)
     passes.dce(prog)
     if "lower" in dump_after:

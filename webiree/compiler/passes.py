@@ -30,6 +30,8 @@ that holds its values exactly (weights keep the size they were shipped in).
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir import kir, packing
 from ..ir.program import O, Anchor, Conv, Generic, Program
 
@@ -85,6 +87,102 @@ def fold_pad_into_conv(prog: Program) -> Program:
             c.x, c.x_shape = prog.root(src), tuple(prog.tensors[src].shape)
             c.pads = tuple(p + e for p, e in zip(c.pads, extra))
     return prog
+
+
+def sink_zero_pads(prog: Program) -> Program:
+    """A zero pad followed by elementwise ops that map 0 to 0 (a QDQ pair: quantize, dequantize) is
+    rewritten as those ops on the unpadded tensor, then the pad: fold_pad_into_conv can then fold the
+    pad into the Conv reading the chain. Only chains of Generics that read their one tensor input at
+    their own index (other reads constants), ending in the pad's element type, are moved."""
+    outputs = {prog.root(o) for o in prog.outputs}
+    changed = True
+    while changed:
+        changed = False
+        readers = _readers(prog)
+        for pad in prog.ops:
+            if not isinstance(pad, Generic) or pad.zero_pad is None:
+                continue
+            chain, t = [], pad.out
+            while True:     # follow lone elementwise readers
+                rs = readers.get(t, [])
+                if len(rs) != 1 or not isinstance(rs[0], Generic) or rs[0].zero_pad is not None or t in outputs \
+                        or not _elementwise_of(rs[0], t, prog):
+                    break
+                chain.append(rs[0])
+                t = rs[0].out
+            while chain and prog.tensors[chain[-1].out].dtype != prog.tensors[pad.out].dtype:
+                chain.pop()
+            if not chain:
+                continue
+            x = kir.load(pad.out, O, prog.tensors[pad.out].dtype)
+            expr, prev = x, pad.out
+            for g in chain:     # the chain as one expression of the pad's element x
+                expr, prev = _inline(g.expr, Generic(name="", out=prev, nodes=[], expr=expr)), g.out
+            if _eval_zero(kir.substitute(expr, {x: kir.const(0, x.dtype)})) is not True:
+                continue
+            src, extra = pad.zero_pad
+            inner = prog.root(src)
+            last = chain[-1]
+            moved = last.out + ":unpadded"
+            prog.tensors[moved] = dataclasses.replace(prog.tensors[inner], name=moved, kind="temp", data=None,
+                                                      alias_of=None, dtype=prog.tensors[last.out].dtype)
+            src_load = kir.load(inner, O, prog.tensors[inner].dtype)
+            body = Generic(name=last.name + ":unpadded", out=moved, nodes=[n for g in chain for n in g.nodes],
+                           expr=kir.substitute(expr, {x: src_load}))
+            new_pad = Generic(name=pad.name, out=last.out, nodes=pad.nodes, zero_pad=(moved, extra),
+                              expr=kir.substitute(pad.expr, {"__fn__": lambda n: kir.load(moved, n.args[0], n.dtype)
+                                                             if n.op == "load" and n.attr == inner else None}))
+            at = prog.ops.index(last)
+            prog.ops[at:at + 1] = [body, new_pad]
+            for g in chain[:-1]:
+                prog.ops.remove(g)
+            prog.ops.remove(pad)
+            changed = True
+            break
+    return prog
+
+
+def _in(g: Generic, prog: Program) -> str | None:
+    """The one non-constant tensor an elementwise Generic reads."""
+    ins = [r for r in g.reads() if prog.tensors[prog.root(r)].kind != "const"]
+    return ins[0] if len(ins) == 1 else None
+
+
+def _elementwise_of(g: Generic, t: str, prog: Program) -> bool:
+    """g reads t only at its own index o, t has g's shape, and g reads no other run-time tensor."""
+    loads = _loads_of_tensor(g.expr, t)
+    return bool(loads) and all(ld.args[0] is O for ld in loads) and _in(g, prog) == t \
+        and tuple(prog.tensors[t].shape) == tuple(prog.tensors[g.out].shape)
+
+
+def _eval_zero(e) -> bool | None:
+    """Whether the expression (no loads of run-time data left) is the value 0, when its few ops can
+    be evaluated here; None when they cannot."""
+    import math
+
+    def ev(n):
+        if n.op == "const":
+            return n.attr
+        a = [ev(x) for x in n.args]
+        if any(v is None for v in a):
+            return None
+        if n.op in ("add", "sub", "mul"):
+            return {"add": a[0] + a[1], "sub": a[0] - a[1], "mul": a[0] * a[1]}[n.op]
+        if n.op == "div" and a[1] != 0:
+            return a[0] / a[1] if n.dtype == "f32" else int(a[0] / a[1])
+        if n.op == "round":
+            return float(round(a[0]))          # (Python rounds half to even, as the kernels)
+        if n.op == "cast":
+            return float(a[0]) if n.dtype == "f32" else int(a[0]) if math.isfinite(a[0]) else None
+        if n.op == "clamp":
+            return min(max(a[0], a[1]), a[2])
+        if n.op in ("min", "max"):
+            return min(a) if n.op == "min" else max(a)
+        if n.op == "neg":
+            return -a[0]
+        return None
+    v = ev(e)
+    return None if v is None else v == 0
 
 
 def _readers(prog: Program) -> dict[str, list]:
