@@ -40,6 +40,7 @@ OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
 # VARS: kernel variants for classes of adapter (docs/schedule-module.md). A rule names what the
 # adapter must be for its variant to be picked; the first variant is taken where no rule matches.
 RULES = {"gpu": "device_class=gpu", "cpu": "device_class=cpu"}
+VARIANTS_TAG = b"VARS"
 
 
 class ModuleFormatError(ValueError):
@@ -178,7 +179,7 @@ def write_module(m: Module) -> bytes:
         _section(b"IOS ", b"".join(ios)),
         _section(b"CMDS", b"".join(cmds)),
         *([_section(b"SYMS", syms)] if m.symbols else []),
-        *([_section(b"VARS", b"".join(variants))] if m.variants else []),
+        *([_section(VARIANTS_TAG, b"".join(variants))] if m.variants else []),
         _section(b"INFO", _blob(info)),
     ])
     # the reserved header word holds the CRC-32 of everything after the header (0: not recorded)
@@ -326,8 +327,8 @@ def _read_sections(data: bytes) -> Module:
 
     cmds, n_regs = stream(_Reader(sections[b"CMDS"], "CMDS"))
     variants = []
-    if b"VARS" in sections:
-        r = _Reader(sections[b"VARS"], "VARS")
+    if VARIANTS_TAG in sections:
+        r = _Reader(sections[VARIANTS_TAG], "VARS")
         for _ in range(r.u32()):
             name, rule = r.u32s(2)
             variants.append(Variant(s(name), s(rule), *stream(r)))
@@ -475,9 +476,9 @@ def pick_variant(m: Module, device_class: str, requested: str | None = None) -> 
     the first. "" for a module without variants."""
     names = [v.name for v in m.variants]
     if requested:
-        if requested not in names:
-            have = f"its variants are {', '.join(names)}" if names else "it was built with one set of kernels"
-            raise ModuleFormatError(f"the build has no kernel variant {requested!r}: {have}")
+        if requested not in names:   # webiree.js says the same
+            raise ModuleFormatError(f"the build has no kernel variant {requested!r} (it has: "
+                                    f"{', '.join(names) or 'none'})")
         return requested
     if not names:
         return ""
