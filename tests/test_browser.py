@@ -134,7 +134,7 @@ def b64_feeds(feeds: dict) -> dict:
 
 
 # Runs a site in the page: create, run (feeds given as base64), release. Errors come back as values.
-RUN_JS = """async ({url, runtime, feeds, profile, tweak}) => {
+RUN_JS = """async ({url, runtime, feeds, profile, tweak, options}) => {
   const w = await import(runtime);
   const ARR = {float32: Float32Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array, uint8: Uint8Array,
     float16: Uint16Array};
@@ -144,7 +144,7 @@ RUN_JS = """async ({url, runtime, feeds, profile, tweak}) => {
   const progress = [];
   let session;
   try {
-    session = await w.InferenceSession.create(url, {onProgress: (p) => progress.push(p)});
+    session = await w.InferenceSession.create(url, {onProgress: (p) => progress.push(p), ...options});
     const tensors = {};
     for (const [name, {type, dims, data}] of Object.entries(feeds)) {
       tensors[name] = new w.Tensor(type, new ARR[type](bytes(data).buffer), dims);
@@ -154,6 +154,7 @@ RUN_JS = """async ({url, runtime, feeds, profile, tweak}) => {
     const out = {};
     for (const [k, t] of Object.entries(r)) out[k] = {type: t.type, dims: t.dims, data: b64(t.data), cls: t.data.constructor.name};
     return {out, profile: r.profile ?? null, trace: r.trace ?? null, progress, hasTimestamps: session.hasTimestamps,
+      variant: session.variant,
       inputNames: session.inputNames, outputNames: session.outputNames,
       inputMetadata: session.inputMetadata, outputMetadata: session.outputMetadata};
   } catch (e) {
@@ -165,10 +166,12 @@ RUN_JS = """async ({url, runtime, feeds, profile, tweak}) => {
 
 
 def run_site(page, server, name, feeds, profile=False, tweak=None, timeout_s=EVAL_TIMEOUT_S,
-             runtime="relu_cnn") -> dict:
-    """Run site `name` with the webiree.js of site `runtime` (every site holds the same copy)."""
+             runtime="relu_cnn", options=None) -> dict:
+    """Run site `name` with the webiree.js of site `runtime` (every site holds the same copy);
+    options: more InferenceSession.create options (e.g. {"variant": "gpu"})."""
     return evaluate(page, RUN_JS, {"url": f"{server}{name}/", "runtime": f"{server}{runtime}/webiree.js",
-                                   "feeds": b64_feeds(feeds), "profile": profile, "tweak": tweak}, timeout_s)
+                                   "feeds": b64_feeds(feeds), "profile": profile, "tweak": tweak,
+                                   "options": options or {}}, timeout_s)
 
 
 def decode_outputs(got: dict) -> dict:
@@ -202,6 +205,44 @@ def test_matches_onnxruntime(page, server, sites, name):
     for o, want in zip(model.graph.output, ref, strict=True):
         assert_close(got[o.name], want, name=f"{name}:{o.name}")
     assert not page.errors
+
+
+def test_kernel_variant_picked_by_the_adapter(page, server, sites):
+    """A default build carries GPU- and CPU-class kernels: SwiftShader (a fallback adapter) picks
+    'cpu'; both variants, the CPU one picked and the GPU one forced, match onnxruntime, each
+    creating only its own pipelines; an unknown variant is a 'model' error."""
+    from webiree.module.format import variant_counts
+    from webiree.testing.models import tiny_attention
+
+    built = {"small_cnn": sites[1]["small_cnn"]}
+    model = tiny_attention()
+    built["tiny_attention"] = (model, webiree.compile(model, sites[0] / "tiny_attention"))
+    adapter = evaluate(page, f"""async () => {{
+      const w = await import('{server}relu_cnn/webiree.js'); const a = await navigator.gpu.requestAdapter();
+      return {{cls: w.adapterClass(a), architecture: a.info.architecture}};
+    }}""")
+    assert adapter["cls"] == "cpu", adapter
+    # count the pipelines each session creates
+    page.evaluate("""() => { const orig = GPUDevice.prototype.createComputePipelineAsync; window.__orig = orig;
+      GPUDevice.prototype.createComputePipelineAsync = function (d) { window.__made++; return orig.call(this, d); }; }""")
+    try:
+        for name, (model, res) in built.items():
+            feeds = sample_inputs(model)
+            ref = ort_run(model, feeds)
+            counts = {c["name"]: c["executables"] for c in variant_counts(res.module)}
+            assert len(res.module.executables) < sum(counts.values())
+            for option, want in ((None, "cpu"), ("gpu", "gpu")):
+                page.evaluate("() => { window.__made = 0; }")
+                r = run_site(page, server, name, feeds, options={"variant": option} if option else None)
+                check_no_error(r)
+                assert (r["variant"], page.evaluate("window.__made")) == (want, counts[want]), r
+                got = decode_outputs(r)
+                for o, want_out in zip(model.graph.output, ref, strict=True):
+                    assert_close(got[o.name], want_out, name=f"{name} {o.name} ({want})")
+    finally:
+        page.evaluate("() => { GPUDevice.prototype.createComputePipelineAsync = window.__orig; }")
+    r = run_site(page, server, "small_cnn", sample_inputs(built["small_cnn"][0]), options={"variant": "tpu"})
+    assert r["kind"] == "model" and "no kernel variant 'tpu' (it has: gpu, cpu)" in r["error"], r
 
 
 def test_metadata_types_and_progress(page, server, sites):
@@ -571,11 +612,14 @@ PIPELINE_DELAY_JS = """async ({url, runtime, delayMs, timeoutMs}) => {
 def test_pipeline_timeout_is_about_progress(page, server, sites):
     """Pipelines that finish one after another, each within the timeout, never time out even
     when all of them take longer than it; pipelines that never finish fail with a clear error."""
+    from webiree.module.format import select_variant
+
     args = {"url": f"{server}small_cnn/", "runtime": f"{server}relu_cnn/webiree.js"}
-    n = len(sites[1]["small_cnn"][1].module.executables)
-    slow = evaluate(page, PIPELINE_DELAY_JS, {**args, "delayMs": 400, "timeoutMs": 1500})
+    n = len(select_variant(sites[1]["small_cnn"][1].module, "cpu").executables)   # SwiftShader's variant
+    # 2.5 s: SwiftShader takes over a second for the CPU variant's register-blocked 1x1 conv alone
+    slow = evaluate(page, PIPELINE_DELAY_JS, {**args, "delayMs": 400, "timeoutMs": 2500})
     assert slow.get("ok"), slow
-    assert n >= 5 and slow["ms"] > 1500, (n, slow)     # longer in all than the timeout
+    assert n >= 5 and slow["ms"] > 2500, (n, slow)     # longer in all than the timeout
     hung = evaluate(page, PIPELINE_DELAY_JS, {**args, "delayMs": -1, "timeoutMs": 1500})
     assert hung["kind"] == "device", hung
     assert f"no pipeline finished compiling for 1500 ms (0 of {n} ready)" in hung["error"]

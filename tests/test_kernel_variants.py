@@ -181,9 +181,9 @@ def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):
                    {"b": rng.standard_normal([44, 200]).astype(np.float32),
                     "c": rng.standard_normal([200]).astype(np.float32)})
     feeds = sample_inputs(m)
-    res, wgsl = run_cpu(m, tmp_path / "wgsl", "default", feeds)
+    res, wgsl = run_cpu(m, tmp_path / "wgsl", "gpu", feeds)
     assert strategies(res) == ["tiled-shared-vec4"]
-    _, spv = run_cpu(m, tmp_path / "spv", "default", feeds, targets="spirv")
+    _, spv = run_cpu(m, tmp_path / "spv", "gpu", feeds, targets="spirv")
     np.testing.assert_array_equal(spv[0], wgsl[0])
 
 

@@ -147,12 +147,13 @@ def tensor(f):
 
 feeds = {name: tensor(f) for name, f in arg["feeds"].items()}
 t0 = time.perf_counter()
-sess = await wr.InferenceSession.create(arg["url"])
+sess = await wr.InferenceSession.create(arg["url"], **({"variant": arg["variant"]} if arg.get("variant") else {}))
 create_ms = (time.perf_counter() - t0) * 1e3
 try:
     outs = await sess.run(None, feeds)
     result = {
         "create_ms": create_ms,
+        "variant": sess.variant,
         "inputs": [[a.name, a.shape, a.type] for a in sess.get_inputs()],
         "outputs": [[a.name, a.shape, a.type] for a in sess.get_outputs()],
         "out": {o.name: {"type": o.type, "dims": list(o.shape), "cls": type(o.data).__name__,
@@ -279,6 +280,19 @@ def test_matches_onnxruntime(pypage, server, sites, name):
     assert {v["cls"] for v in r["out"].values()} == {"array"}
     assert r["inputs"] == [[i.name, [d.dim_value for d in i.type.tensor_type.shape.dim], "tensor(float)"]
                            for i in model.graph.input if i.name in feeds]
+    assert not pypage.errors
+
+
+def test_kernel_variant_picked_by_the_adapter(pypage, server, sites):
+    """A default build's kernel variants under Pyodide: SwiftShader (a fallback adapter) picks
+    'cpu', 'gpu' can be forced, and both match onnxruntime."""
+    model, feeds = sites["small_cnn"]
+    for option, want in ((None, "cpu"), ("gpu", "gpu")):
+        r = py(pypage, RUN_PY, {"url": "../small_cnn/", "feeds": b64_feeds(feeds), "variant": option})
+        check_outputs(r, model, feeds)
+        assert r["variant"] == want, r
+    r = py(pypage, RUN_PY, {"url": "../small_cnn/", "feeds": b64_feeds(feeds), "variant": "tpu"})
+    assert "no kernel variant 'tpu' (it has: gpu, cpu)" in r["error"], r
     assert not pypage.errors
 
 

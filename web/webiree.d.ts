@@ -80,6 +80,10 @@ export interface SessionOptions {
    * arrive as WebireeError of the same kind and message. Feeds must be CPU tensors and
    * run(feeds, {keep}) is refused; release() also terminates the worker. (default false) */
   worker?: boolean;
+  /** the kernel variant to run ('gpu' or 'cpu') of a build that carries several (a default build);
+   * left out, the adapter picks: 'cpu' on a fallback / CPU adapter (isFallbackAdapter, SwiftShader,
+   * llvmpipe, lavapipe), else 'gpu'. A name the build lacks is a 'model' error. */
+  variant?: string;
 }
 
 /** The name of the Cache API cache holding weights, one entry per content hash. */
@@ -145,7 +149,16 @@ export interface ScheduleModule {
   info: Record<string, unknown>;
   /** a dynamic module's symbols (SYMS) with their declared ranges; symbol k is register k; [] when static */
   symbols: {name: string; min: number; max: number}[];
+  /** kernel variants (VARS): each a command stream over the shared executables; [] when the build has one */
+  variants: {name: string; rule: string; registers: number; commands: unknown[][]}[];
+  /** the variant this module was cut to (selectVariant), '' if none */
+  variant: string;
 }
+
+/** 'cpu' for a fallback / CPU adapter, else 'gpu': the class of kernel variant it runs. */
+export function adapterClass(adapter: GPUAdapter): 'cpu' | 'gpu';
+/** The module cut to one kernel variant: `requested`, else the adapter's class's, else the first. */
+export function selectVariant(module: ScheduleModule, adapter: GPUAdapter, requested?: string): ScheduleModule;
 
 export interface IOInfo {
   name: string; dtype: 'f32' | 'i32' | 'u32' | 'bool'; onnxType: number;
@@ -171,6 +184,9 @@ export class InferenceSession {
   readonly manifest: Record<string, unknown>;
   /** where this session's weights came from: the Cache API or the network */
   readonly weightsSource: 'cache' | 'network';
+  /** the kernel variant running ('gpu', 'cpu'), picked by the adapter or options.variant; '' for a
+   * build with one set of kernels */
+  readonly variant: string;
   /** feeds may hold GPU tensors this session returned (run(feeds, {keep})) */
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
   /** Generate token ids from a prompt's ids with a decoder built with the generation head: the KV

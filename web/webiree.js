@@ -204,18 +204,25 @@ export function readModule(data) {
     return {name: s(name), dtype: pick(DTYPES, dtype, 'dtype'), onnxType, buffer, offset, size, dims, regs,
       dynamic: regs.some((x) => x !== null)};
   }));
-  r = new Reader(sections.CMDS, 'CMDS');
-  const [count, registers] = r.u32s(2);
-  const commands = Array.from({length: count}, () => {
-    const op = r.u32();
-    if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
-      const [exec, gx, gy, gz, nb] = r.u32s(5);
-      return [op, exec, gx, gy, gz, Array.from({length: nb}, () => r.u32s(4))];
-    }
-    if (!(op in ARITY)) fail('model', `model.wrm: unknown opcode 0x${op.toString(16)}`, hint);
-    const args = r.u32s(ARITY[op]);
-    return op === OP.ASSERT_EQ ? [op, args[0], args[1], s(args[2])] : [op, ...args];
-  });
+  const stream = (r) => {   // CMDS, and one per variant in VARS
+    const [count, registers] = r.u32s(2);
+    return {registers, commands: Array.from({length: count}, () => {
+      const op = r.u32();
+      if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
+        const [exec, gx, gy, gz, nb] = r.u32s(5);
+        return [op, exec, gx, gy, gz, Array.from({length: nb}, () => r.u32s(4))];
+      }
+      if (!(op in ARITY)) fail('model', `model.wrm: unknown opcode 0x${op.toString(16)}`, hint);
+      const args = r.u32s(ARITY[op]);
+      return op === OP.ASSERT_EQ ? [op, args[0], args[1], s(args[2])] : [op, ...args];
+    })};
+  };
+  const {registers, commands} = stream(new Reader(sections.CMDS, 'CMDS'));
+  const variants = [];
+  if (sections.VARS) {
+    r = new Reader(sections.VARS, 'VARS');
+    for (let n = r.u32(); n > 0; n--) { const [name, rule] = r.u32s(2); variants.push({name: s(name), rule: s(rule), ...stream(r)}); }
+  }
   const symbols = [];
   if (sections.SYMS) {
     r = new Reader(sections.SYMS, 'SYMS');
@@ -226,9 +233,32 @@ export function readModule(data) {
     try { info = JSON.parse(text.decode(new Reader(sections.INFO, 'INFO').blob()) || '{}'); } catch { info = {}; }
   }
   for (const b of buffers) if (b.size % 4) fail('model', `model.wrm: buffer ${b.name} size ${b.size} is not a multiple of 4`);
-  const m = {executables, buffers, inputs, outputs, commands, registers, limits, info, symbols};
-  checkRegisters(m, hint);
+  const m = {executables, buffers, inputs, outputs, commands, registers, limits, info, symbols, variants, variant: ''};
+  for (const x of [m, ...variants]) checkRegisters({...m, ...x}, hint);
   return m;
+}
+
+/** 'cpu' for a fallback / CPU adapter, else 'gpu' (requirements.py adapter_class). */
+export function adapterClass(a) {
+  const i = a?.info ?? {};
+  return i.isFallbackAdapter || a?.isFallbackAdapter ||
+    /llvmpipe|lavapipe|swiftshader/i.test([i.vendor, i.architecture, i.device, i.description].join()) ? 'cpu' : 'gpu';
+}
+
+/** The module cut to one kernel variant (format.py pick_variant, select_variant). */
+export function selectVariant(m, adapter, want) {
+  const vs = m.variants;
+  if (want && !vs.some((x) => x.name === want)) {
+    fail('model', `the build has no kernel variant '${want}' (it has: ${vs.map((x) => x.name).join(', ') || 'none'})`);
+  }
+  if (!vs.length) return m;
+  const v = vs.find((x) => x.name === want) ?? vs.find((x) => x.rule === `device_class=${adapterClass(adapter)}`) ?? vs[0];
+  const isD = (c) => c[0] === OP.DISPATCH || c[0] === OP.DISPATCH_DYN;
+  const used = [...new Set(v.commands.filter(isD).map((c) => c[1]))].sort((a, b) => a - b);
+  const at = (e) => used.indexOf(e);
+  return {...m, executables: used.map((i) => m.executables[i] ?? fail('model', `model.wrm: unknown executable ${i}`)), registers: v.registers, variants: [], variant: v.name,
+    commands: v.commands.map((c) => (isD(c) ? [c[0], at(c[1]), ...c.slice(2)] : c)),
+    info: {...m.info, dispatches: (m.info.variants?.[v.name]?.dispatches ?? []).map((d) => ({...d, exec: at(d.exec)}))}};
 }
 
 /** Reject a binding kind, register, symbol or input dim a run would follow blindly (format.py validate_module). */
@@ -678,7 +708,8 @@ function generationPlan(session, ids, options) {
 export class InferenceSession {
   /**
    * Load a build folder (URL relative to the page) and prepare it on a new WebGPU device.
-   * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference, cache}
+   * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference, cache, variant}
+   * variant: 'gpu' or 'cpu' kernels of a build that has both; left out, the adapter picks.
    * cache: false never reads or stores the weights in the Cache API (see WEIGHTS_CACHE).
    * worker: true runs the session in a Web Worker (worker.js), off the page's main thread.
    */
@@ -708,7 +739,7 @@ export class InferenceSession {
     // the weights are fetched only once the adapter can run the module (limits and features checked)
     const [moduleBytes, adapter] = await Promise.all([
       fetchBytes(new URL(moduleFile, base), (n) => report(moduleFile, n)), adapterPromise]);
-    const module = readModule(moduleBytes);
+    const module = selectVariant(readModule(moduleBytes), adapter, options.variant);
     const device = await openDevice(adapter, module, timeout);
     const session = new InferenceSession(module, device, manifest, timeout);
     const weights = (write, onChunk = (n) => report(weightsFile, n), retry = (n) => { progress.total += n; }) =>
@@ -733,6 +764,7 @@ export class InferenceSession {
     this.inputNames = module.inputs.map((io) => io.name);
     this.outputNames = module.outputs.map((io) => io.name);
     this.dynamic = module.symbols.length > 0;   // sizes in ranges: each run binds them (bindDims)
+    this.variant = module.variant;   // the kernel variant running ('' for a build with one)
     const meta = (io) => ({name: io.name, isTensor: true, type: ONNX_TYPES[io.onnxType]?.[0] ?? `onnx type ${io.onnxType}`,
       shape: shapeOf(io, null, module.symbols)});
     this.inputMetadata = module.inputs.map(meta);

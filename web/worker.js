@@ -160,8 +160,8 @@ if (IN_WORKER) {
     async create({url, options}) {
       session = await InferenceSession.create(url, {...options,
         onProgress: (progress) => globalThis.postMessage({progress})});
-      const {inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource} = session;
-      return [{inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource}];
+      const {inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant} = session;
+      return [{inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant}];
     },
     async run({feeds, options}) {
       if (!session) throw new WebireeError('device', 'the session was released', 'create a new session');

@@ -203,6 +203,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         sess = InferenceSession(tmp / "site")
         feeds = _feeds(sess.module, inputs_path)
         report["default_submit_chunk"] = sess.driver.submit_chunk    # chosen by the adapter's type
+        report["variant"] = sess.variant      # the kernel variant the adapter picked ("": the build has one)
         wi_ms, wi_out = _median_ms(lambda: sess.run(None, feeds), runs, warmup)
 
         so = ort.SessionOptions()
@@ -292,6 +293,7 @@ def _print(r: dict, log):
     a = r["adapter"]
     log(f"model {r['model']}: {r['dispatches']} dispatches, built in {r['build_s']:.1f} s; "
         f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); webiree limits {r['limits']}"
+        + (f" (kernel variant {r['variant']}, picked by the adapter)" if r.get("variant") else "")
         + (f", IREE vulkan target {r['iree_vulkan_target']}" if any(k.startswith("iree") for k in r["results"]) else "")
         + f"; default submission: {_submission(r.get('default_submit_chunk', 0))}; median of {r['runs']} runs")
     if "webiree-dynamic" in r["results"]:

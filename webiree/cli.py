@@ -54,14 +54,17 @@ def cmd_build(args) -> int:
     dump = tuple(args.dump_after or ())
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
                 validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target,
-                tokenizer=args.tokenizer, dims=_parse_dims(args.dim), generation=args.generation, task=args.task)
+                tokenizer=args.tokenizer, dims=_parse_dims(args.dim), generation=args.generation, task=args.task,
+                variants=args.variants)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
     print(f"webiree: built {m['model']} -> {args.out} in {time.perf_counter() - t0:.2f} s: "
           f"{m['dispatches']} dispatches, {m['executables']} executables, "
           f"module {m['sizes']['module_bytes']} B, weights {m['sizes']['weights_bytes']} B, "
-          f"arena {m['sizes']['arena_bytes']} B; page: {m['task']['name']}")
+          f"arena {m['sizes']['arena_bytes']} B; page: {m['task']['name']}" +
+          (f"; kernel variants {', '.join(v['name'] for v in m['variants'])} (picked by the adapter at load)"
+           if m["variants"] else ""))
     return 0
 
 
@@ -180,8 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dim", action="append", metavar="NAME=MIN..MAX",
                    help="bound (or pin, NAME=N) a named symbolic dim wherever it appears, e.g. seq=1..512")
     b.add_argument("--limits", default="default", choices=["default", "gpu", "cpu", "adapter"],
-                   help="the target: WebGPU's default limits (runs anywhere; 'gpu' / 'cpu' choose kernels for "
-                        "that class of adapter) or this machine's adapter")
+                   help="the target: WebGPU's default limits (runs anywhere, with kernels for GPU- and CPU-class "
+                        "adapters both, picked at load; 'gpu' / 'cpu': only that class's kernels) or this "
+                        "machine's adapter")
+    b.add_argument("--variants", metavar="gpu,cpu", default=None,
+                   help="the adapter classes whose kernels the build carries (default: gpu,cpu with the default "
+                        "limits, else the target's one set); the runtimes pick one by the adapter at load")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
     b.add_argument("--target", "--targets", dest="target", default=None, metavar="wgsl|spirv|wgsl,spirv",
                    help="shader targets: the first is the module's executable format (default wgsl; spirv "

@@ -52,20 +52,24 @@ def _ort_type(t: int) -> str:
 
 
 class InferenceSession:
-    def __init__(self, path, submit_chunk: int | None = None):
+    def __init__(self, path, submit_chunk: int | None = None, variant: str | None = None):
         """path: a build folder. submit_chunk: 0 (one submit per inference) or N, a submit every
         N dispatches so the GPU starts while the host encodes the rest; None (the default) chooses
-        by the adapter: every 16 dispatches on a discrete GPU, one submit elsewhere (WgpuDriver)."""
+        by the adapter: every 16 dispatches on a discrete GPU, one submit elsewhere (WgpuDriver).
+        variant: the kernel variant to run ('gpu', 'cpu') of a build that carries several; None
+        picks by the adapter (a CPU renderer such as lavapipe runs 'cpu'), or $WEBIREE_VARIANT.
+        `session.variant` says which runs ("" for a build with one set of kernels)."""
         from .hal_webgpu.wgpu_driver import WgpuDriver
         from .module.folder import MODULE_FILE, BuildFolder
 
         folder = BuildFolder(path)
         module = folder.module()
         self._init(module, folder.weights(), WgpuDriver(submit_chunk=submit_chunk), folder.path,
-                   str(folder.path / MODULE_FILE))
+                   str(folder.path / MODULE_FILE), variant)
 
     @classmethod
-    def from_module(cls, module, weights: bytes, submit_chunk: int | None = None) -> "InferenceSession":
+    def from_module(cls, module, weights: bytes, submit_chunk: int | None = None,
+                    variant: str | None = None) -> "InferenceSession":
         """A session on a module and weights in memory (a CompileResult's `module` and `weights`),
         without writing a build folder. The module goes through its wire format once, so the
         session runs exactly what a build folder's model.wrm would hold."""
@@ -74,11 +78,23 @@ class InferenceSession:
 
         sess = cls.__new__(cls)
         sess._init(read_module(write_module(module)), weights, WgpuDriver(submit_chunk=submit_chunk), None,
-                   "the schedule module")
+                   "the schedule module", variant)
         return sess
 
-    def _init(self, module, weights: bytes, driver, path, source: str) -> None:
+    def _init(self, module, weights: bytes, driver, path, source: str, variant=None) -> None:
+        import os
+
+        from .hal_webgpu.requirements import adapter_class
+        from .module.format import ModuleFormatError, pick_variant, select_variant
         self.interp = None
+        if variant is None and module.variants:
+            variant = os.environ.get("WEBIREE_VARIANT") or None    # a whole test run can force one
+        try:
+            name = pick_variant(module, adapter_class(driver.adapter_info()), variant)
+        except ModuleFormatError as e:
+            raise ModelError(str(e), hint="leave variant out to pick by the adapter") from None
+        module = select_variant(module, name)
+        self.variant = name             # the kernel variant running ("": the build has one)
         bad = [io.name for io in module.inputs + module.outputs if io.onnx_type not in NUMPY_OF_ONNX]
         if bad:
             raise ModelError(f"{source} is corrupt: tensors {bad} have unknown element types",

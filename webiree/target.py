@@ -2,7 +2,9 @@
 
 One `Target` value is handed to the compiler (DESIGN.md), which never opens a device:
 
-    Target.preset("default")   WebGPU's default limits: a build that runs on every adapter
+    Target.preset("default")   WebGPU's default limits: a build that runs on every adapter (with
+                               no device class, a build carries both classes' kernels, picked at
+                               load: bundler/site.py default_variants, docs/schedule-module.md VARS)
     Target.preset("gpu")       the same limits, kernels for GPU-class adapters
     Target.preset("cpu")       the same limits, kernels for CPU renderers (lavapipe, SwiftShader)
     Target.from_limits({...})  a dict of limits over the defaults (plus device_class, subgroup_size)

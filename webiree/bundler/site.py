@@ -39,6 +39,7 @@ from ..compiler.driver import compile_model
 from ..dtypes import name_of
 from ..target import Target
 from ..module import write_module
+from ..module.format import variant_counts
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, SHADER_DIR, TOKENIZER_FILE, WEIGHTS_FILE
 from ..version import __version__
 
@@ -93,6 +94,7 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer
         "weight_pages": weight_ranges(m, bytes(result.weights)),
         "dispatches": len(result.dispatches),
         "executables": len(m.executables),
+        "variants": variant_counts(m),
         "build_options": options,
         "limits": m.limits,
         "task": task or {"name": "generic"},
@@ -143,14 +145,27 @@ def _read_tokenizer(path) -> bytes:
     return raw
 
 
+def default_variants(target: Target, variants):
+    """The kernel variants a build carries: as given, else GPU- and CPU-class kernels both for a target
+    that names no device class and no subgroup size (the default limits: it may meet any adapter),
+    else one set (the target's)."""
+    if variants is not None:
+        return variants
+    return "gpu,cpu" if not target.device_class and not target.subgroup_size else None
+
+
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
-            targets=None, tokenizer=None, dims=None, generation=None, task=None):
+            targets=None, tokenizer=None, dims=None, generation=None, task=None, variants=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]}: each dim an int or a range (min, max) / "min..max".
     dims: {symbolic dim name: int or range}, wherever the name appears. A range makes a dynamic
       build: one module serves every size in it (ir/sym.py, docs/schedule-module.md).
-    limits: 'default' (WebGPU defaults; runs anywhere), 'adapter', or a dict.
+    limits: 'default' (WebGPU defaults; runs anywhere), 'gpu' / 'cpu' (the same limits, one class of
+      adapter's kernels), 'adapter', or a dict.
+    variants: the device classes whose kernels the build carries ('gpu,cpu', 'gpu', a list): the
+      runtimes pick one by the adapter when a session starts (docs/schedule-module.md, VARS). None:
+      both for a target naming no device class (the default), else the target's one set.
     pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
     targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V: native runtime only) or
       'wgsl,spirv' (a WGSL module); with spirv, shaders/ holds .spv files beside the .wgsl ones.
@@ -171,12 +186,17 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     shapes = {k: [parse_dim(d, f"input_shapes[{k!r}]") for d in v] for k, v in (input_shapes or {}).items()}
     dims = {k: parse_dim(v, f"dims[{k!r}]") for k, v in (dims or {}).items()}
     tokenizer_bytes = None if tokenizer is None else _read_tokenizer(tokenizer)
-    result = compile_model(model, shapes, resolve_target(limits), validate=shader_validator if validate else None,
-                           dump_after=dump_after, targets=targets, dims=dims, generation=generation)
+    target = resolve_target(limits)
+    variants = default_variants(target, variants)
+    result = compile_model(model, shapes, target, validate=shader_validator if validate else None,
+                           dump_after=dump_after, targets=targets, dims=dims, generation=generation,
+                           variants=variants)
     options = {"input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v] for k, v in shapes.items()},
                "limits": limits if isinstance(limits, str) else "custom",
                **({"dims": {k: list(v) if isinstance(v, tuple) else v for k, v in dims.items()}} if dims else {}),
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
+    if result.module.variants:
+        options["variants"] = [v.name for v in result.module.variants]
     if "generation_top_k" in result.module.info:
         options["generation"] = {"top_k": result.module.info["generation_top_k"]}
     task_info = pick_task(result.module, task, tokenizer is not None)

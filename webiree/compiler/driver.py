@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..ir.program import numel
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ class CompileResult:
     limits: dict
     dumps: dict = field(default_factory=dict)
     spirv: list = field(default_factory=list)   # (file name, SPIR-V bytes) one per executable, when targeted
+    variants: dict = field(default_factory=dict)   # a build with kernel variants: name -> its own CompileResult
 
 
 def check_dispatch_limits(dispatches, lim: dict) -> None:
@@ -115,8 +117,30 @@ def parse_targets(targets) -> tuple:
     return out
 
 
+VARIANTS = ("gpu", "cpu")     # device classes a build can carry kernels for (Target.device_class)
+
+
+def parse_variants(variants, target: Target) -> tuple:
+    """None | 'gpu,cpu' | a sequence of device classes -> a tuple (empty: one set of kernels, as the
+    target says). Variants are compiled at the target's limits, so it must not name a class itself."""
+    if variants is None:
+        return ()
+    if isinstance(variants, str):
+        variants = [v.strip() for v in variants.split(",") if v.strip()]
+    out = tuple(variants)
+    bad = [v for v in out if v not in VARIANTS]
+    if bad or not out or len(set(out)) != len(out):
+        raise LimitsError(f"variants must be distinct device classes among {', '.join(VARIANTS)}, not {out}",
+                          hint="e.g. --variants gpu,cpu")
+    if target.device_class:
+        raise LimitsError(f"kernel variants need a target of no device class; this one is for "
+                          f"{target.device_class} adapters",
+                          hint="build with the default limits (or a limits dict without device_class)")
+    return out
+
+
 def compile_model(model, input_shapes=None, target=None, validate=None, dump_after=(),
-                  targets=None, dims=None, generation=None) -> CompileResult:
+                  targets=None, dims=None, generation=None, variants=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
     naming the stage, with the original exception chained (`--debug` shows its traceback).
     target: a Target (webiree/target.py), or what Target.resolve takes ('default', 'gpu', 'cpu',
@@ -128,12 +152,22 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
     name: int or range} wherever the name appears (a range makes a dynamic build, ir/sym.py).
     generation: True or a top-k limit (an int; 0: greedy only) appends the generation head to a
     decoder with a KV cache (compiler/generation.py, module/generation.py), so that runtimes'
-    generate() picks each token on the GPU."""
+    generate() picks each token on the GPU.
+    variants: device classes ('gpu,cpu', see parse_variants) to carry kernels for: the program is
+    compiled once per class at the target's limits and the modules merged (merge_variants); the
+    runtimes pick one by the adapter at load. None: one set of kernels."""
     stage = ["import"]
     targets = parse_targets(targets)
+    target = Target.resolve(target)
+    names = parse_variants(variants, target)
     try:
-        return _compile(stage, model, input_shapes, Target.resolve(target), validate, dump_after, targets, dims,
-                        generation)
+        if not names:
+            return _compile(stage, model, input_shapes, target, validate, dump_after, targets, dims, generation)
+        validate = _once(validate)
+        results = [_compile(stage, model, input_shapes, dataclasses.replace(target, device_class=n), validate,
+                            dump_after, targets, dims, generation) for n in names]
+        stage[0] = "variants"
+        return merge_variants(names, results)
     except WebireeError:
         raise
     except Exception as e:
@@ -227,6 +261,71 @@ def _precision(op, prog) -> str:
     if rounded:
         plan += ", result rounded to " + "/".join(rounded)
     return plan
+
+
+def _once(validate):
+    """validate, called once per distinct executable body (variants share most of theirs)."""
+    if validate is None:
+        return None
+    seen = set()
+
+    def once(name, fmt, code):
+        key = (fmt, code.split("\n", 1)[-1] if isinstance(code, str) else bytes(code))
+        if key not in seen:
+            seen.add(key)
+            validate(name, fmt, code)
+    return once
+
+
+def merge_variants(names, results) -> CompileResult:
+    """One module of several compilations of one program, one per device class at the same limits:
+    the union of their executables (an identical one stored once), one command stream per variant
+    (VARS, docs/schedule-module.md; the first is also CMDS, which older readers run), everything
+    else shared. Fusion and memory planning depend only on the limits, so the variants must agree
+    on the weights blob, buffers, inputs, outputs and symbols: a difference is a CompilerBug."""
+    base = results[0]
+    m0 = base.module
+    limits = dict(m0.limits)
+    for name, r in zip(names[1:], results[1:]):
+        m = r.module
+        for what, a, b in (("weights blob", r.weights, base.weights), ("buffers", m.buffers, m0.buffers),
+                           ("inputs", m.inputs, m0.inputs), ("outputs", m.outputs, m0.outputs),
+                           ("symbols", m.symbols, m0.symbols), ("dispatch count", len(r.dispatches),
+                                                                len(base.dispatches))):
+            if a != b:
+                raise CompilerBug(f"the {name} kernel variant's {what} differ from the {names[0]} variant's",
+                                  hint="variants share one schedule and weights.bin; please report this")
+        for k, v in m.limits.items():   # equal limits; a subgroup size only one variant relies on is kept
+            if limits.setdefault(k, v) != v:
+                raise CompilerBug(f"the {name} kernel variant needs {k} = {v}, the {names[0]} variant {limits[k]}")
+    executables, shaders, spirv, index, variants = [], [], [], {}, []
+    for name, r in zip(names, results):
+        remap = []
+        for i, ex in enumerate(r.module.executables):
+            text = r.shaders[i][1]
+            key = (ex.format, ex.entry, tuple(ex.workgroup_size), tuple(map(tuple, ex.bindings)),
+                   text.split("\n", 1)[-1])
+            if key not in index:
+                index[key] = len(executables)
+                fname = _file_name(len(executables), ex.name)
+                executables.append(ex)
+                shaders.append((fname, text))
+                if r.spirv:
+                    spirv.append((fname[:-len(".wgsl")] + ".spv", r.spirv[i][1]))
+            remap.append(index[key])
+        commands = [(c[0], remap[c[1]], *c[2:]) if c[0] in (F.OP_DISPATCH, F.OP_DISPATCH_DYN) else c
+                    for c in r.module.commands]
+        dispatches = [{**d, "exec": remap[d["exec"]]} for d in r.module.info["dispatches"]]
+        variants.append(F.Variant(name, F.RULES[name], commands, r.module.registers, {"dispatches": dispatches}))
+    info = {**m0.info, "dispatches": variants[0].info["dispatches"],
+            "variants": {v.name: {"rule": v.rule, **v.info} for v in variants}}
+    module = F.Module(executables, m0.buffers, m0.inputs, m0.outputs, variants[0].commands, limits, info,
+                      variants[0].registers, m0.symbols, variants)
+    dumps = dict(base.dumps)
+    if "kernels" in dumps:
+        dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
+    return CompileResult(module, base.weights, shaders, base.dispatches, base.plan, base.program, base.graph,
+                         base.limits, dumps, spirv, dict(zip(names, results)))
 
 
 def _weights_by_form(prog, plan) -> dict:

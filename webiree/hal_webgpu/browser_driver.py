@@ -300,6 +300,17 @@ class BrowserDriver(Driver):
     def limits(self):
         return self._limits
 
+    def adapter_info(self):
+        info, out = getattr(self.adapter, "info", None), {}
+        for key in ("vendor", "architecture", "device", "description"):
+            v = None if _missing(info) else getattr(info, key, None)
+            if isinstance(v, str):
+                out[key] = v
+        fallback = [None if _missing(x) else getattr(x, "isFallbackAdapter", None) for x in (info, self.adapter)]
+        if True in fallback:
+            out["is_fallback_adapter"] = True
+        return out
+
     def create_buffer(self, size, kind, label=""):
         U = self._usage
         usage = {"storage": U.STORAGE | U.COPY_SRC | U.COPY_DST, "uniform": U.UNIFORM | U.COPY_DST}.get(

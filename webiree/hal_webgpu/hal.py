@@ -40,6 +40,11 @@ class Driver:
         """Adapter limits under snake_case WebGPU names (max_buffer_size, ...)."""
         raise NotImplementedError
 
+    def adapter_info(self) -> dict:
+        """What the adapter says it is: vendor, architecture, device, description (strings), and
+        adapter_type ('CPU', ...) or is_fallback_adapter where known (requirements.adapter_class)."""
+        return {}
+
     def create_buffer(self, size: int, kind: str, label: str = ""):
         """kind 'storage' (STORAGE | COPY_SRC | COPY_DST) or 'readback' (MAP_READ | COPY_DST)."""
         raise NotImplementedError

@@ -29,3 +29,17 @@ def check_requirements(needed: dict, have: dict) -> None:
     key = "min_storage_buffer_offset_alignment"
     if key in needed and key in have and needed[key] % have[key]:
         raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")
+
+
+# words in an adapter's vendor / architecture / device / description that name a CPU renderer
+CPU_RENDERERS = ("llvmpipe", "lavapipe", "swiftshader")
+
+
+def adapter_class(info: dict) -> str:
+    """'cpu' for a fallback / CPU adapter (wgpu's adapter_type 'CPU', WebGPU's isFallbackAdapter,
+    or a name of llvmpipe, lavapipe or SwiftShader), else 'gpu': the kernel variant it runs
+    (module/format.py pick_variant; webiree.js adapterClass follows this)."""
+    if str(info.get("adapter_type", "")).upper() == "CPU" or info.get("is_fallback_adapter") is True:
+        return "cpu"
+    text = " ".join(str(info.get(k, "")) for k in ("vendor", "architecture", "device", "description")).lower()
+    return "cpu" if any(w in text for w in CPU_RENDERERS) else "gpu"

@@ -193,6 +193,9 @@ class WgpuDriver(Driver):
     def limits(self):
         return self._limits
 
+    def adapter_info(self):
+        return {k: v for k, v in dict(self.adapter.info).items() if isinstance(v, str)}
+
     def create_buffer(self, size, kind, label=""):
         U = self.wgpu.BufferUsage
         usage = {"storage": U.STORAGE | U.COPY_SRC | U.COPY_DST, "uniform": U.UNIFORM | U.COPY_DST}.get(

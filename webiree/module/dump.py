@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..dtypes import name_of
 from .folder import BuildFolder
+from .format import variant_counts
 
 
 def describe_build(path) -> str:
@@ -37,13 +38,21 @@ def describe_build(path) -> str:
     if m.symbols:
         lines.append("  (planned for the largest sizes: " + ", ".join(f"{n}={hi}" for n, _, hi in m.symbols) +
                      "; a run at a smaller size uses a prefix of each tensor's place)")
-    ds = info.get("dispatches", [])
-    lines.append(f"dispatches: {len(ds)}")
-    for i, dd in enumerate(ds):
-        cfg = dd.get("config", {})
-        lines.append(f"  {i:>4} {dd['kind']:<9} {dd['name']:<32} grid {tuple(dd['grid'])} wg {tuple(cfg.get('workgroup_size', ()))} "
-                     f"{cfg.get('strategy', '')} exec {dd['exec']}" +
-                     (f"  [{dd['precision']}]" if dd.get("precision") else "") + f"  fuses {dd['nodes']}")
+    counts = variant_counts(m)
+    if counts:
+        total = sum(c["executables"] for c in counts)
+        lines.append(f"kernel variants: {len(counts)}, {len(m.executables)} unique executables ({total} dispatched in "
+                     f"all, {total - len(m.executables)} shared); a session runs the one its adapter's rule picks")
+        lines += [f"  {c['name']:<6} rule {c['rule']}: {c['executables']} executables ({c['shared']} also in "
+                  f"another variant)" for c in counts]
+    for v in m.variants or [None]:
+        ds = (v.info if v else info).get("dispatches", [])
+        lines.append(f"dispatches: {len(ds)}{f' (variant {v.name})' if v else ''}")
+        for i, dd in enumerate(ds):
+            cfg = dd.get("config", {})
+            lines.append(f"  {i:>4} {dd['kind']:<9} {dd['name']:<32} grid {tuple(dd['grid'])} wg "
+                         f"{tuple(cfg.get('workgroup_size', ()))} {cfg.get('strategy', '')} exec {dd['exec']}" +
+                         (f"  [{dd['precision']}]" if dd.get("precision") else "") + f"  fuses {dd['nodes']}")
     views = info.get("views", [])
     lines.append(f"views (no dispatch): {len(views)}")
     return "\n".join(lines)

@@ -37,6 +37,11 @@ BIND_READ, BIND_WRITE, BIND_UNIFORM = 0, 1, 2    # EXEC binding kinds (2: the di
 OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
                 OP_LOAD_DIM: 3, OP_ARITH: 4, OP_ASSERT_EQ: 3}
 
+# VARS: kernel variants for classes of adapter (docs/schedule-module.md). A rule names what the
+# adapter must be for its variant to be picked; the first variant is taken where no rule matches.
+RULES = {"gpu": "device_class=gpu", "cpu": "device_class=cpu"}
+VARIANTS_TAG = b"VARS"
+
 
 class ModuleFormatError(ValueError):
     """The bytes are not a schedule module this reader understands."""
@@ -87,6 +92,18 @@ class Module:
     info: dict = field(default_factory=dict)       # debug metadata (dispatch names, fused nodes, configs)
     registers: int = 0
     symbols: list = field(default_factory=list)    # [(name, min, max)]: symbol k is register k
+    variants: list = field(default_factory=list)   # [Variant]: kernels per adapter class (VARS); [] = one
+    variant: str = ""             # the variant this module was cut to (select_variant), "" if none
+
+
+@dataclass
+class Variant:
+    """One adapter class's command stream over the module's shared executables and buffers."""
+    name: str                     # 'gpu' | 'cpu' (or any name)
+    rule: str                     # 'device_class=cpu': picked on such an adapter (see pick_variant)
+    commands: list                # a whole command stream, as Module.commands
+    registers: int = 0
+    info: dict = field(default_factory=dict)        # {"dispatches": [...]} as Module.info's, for this stream
 
 
 # ----------------------------------------------------------------------------
@@ -139,11 +156,18 @@ def write_module(m: Module) -> bytes:
                              rank, *io.shape))
             if io.dynamic:
                 ios.append(_u32s(*(STATIC_DIM if r is None else r for r in io.regs)))
-    cmds = [_u32s(len(m.commands), m.registers)]
-    for c in m.commands:
-        if c[0] == OP_ASSERT_EQ:
-            c = (c[0], c[1], c[2], w.s(c[3]))
-        cmds.append(_encode_command(c))
+    def stream(commands, registers):
+        out = [_u32s(len(commands), registers)]
+        for c in commands:
+            if c[0] == OP_ASSERT_EQ:
+                c = (c[0], c[1], c[2], w.s(c[3]))
+            out.append(_encode_command(c))
+        return b"".join(out)
+
+    cmds = [stream(m.commands, m.registers)]
+    variants = [_u32s(len(m.variants))]
+    for v in m.variants:
+        variants.append(_u32s(w.s(v.name), w.s(v.rule)) + stream(v.commands, v.registers))
     syms = _u32s(len(m.symbols)) + b"".join(_u32s(w.s(n), lo, hi) for n, lo, hi in m.symbols)
     info = json.dumps(m.info, sort_keys=True, separators=(",", ":")).encode()
     strs = [_u32s(len(w.strings))] + [_blob(s.encode("utf-8")) for s in w.strings]
@@ -155,10 +179,12 @@ def write_module(m: Module) -> bytes:
         _section(b"IOS ", b"".join(ios)),
         _section(b"CMDS", b"".join(cmds)),
         *([_section(b"SYMS", syms)] if m.symbols else []),
+        *([_section(VARIANTS_TAG, b"".join(variants))] if m.variants else []),
         _section(b"INFO", _blob(info)),
     ])
     # the reserved header word holds the CRC-32 of everything after the header (0: not recorded)
-    return MAGIC + struct.pack("<HHII", VERSION, 0, 7 if m.symbols else 6, zlib.crc32(body) or 1) + body
+    n_sections = 6 + bool(m.symbols) + bool(m.variants)
+    return MAGIC + struct.pack("<HHII", VERSION, 0, n_sections, zlib.crc32(body) or 1) + body
 
 
 def _encode_command(c: tuple) -> bytes:
@@ -281,22 +307,31 @@ def _read_sections(data: bytes) -> Module:
             items.append(IOInfo(s(name), DTYPES[dt], ot, shape, buf, off, size, regs))
         groups.append(items)
 
-    r = _Reader(sections[b"CMDS"], "CMDS")
-    n_cmds, n_regs = r.u32s(2)
-    cmds = []
-    for _ in range(n_cmds):
-        op = r.u32()
-        if op in (OP_DISPATCH, OP_DISPATCH_DYN):
-            ex, gx, gy, gz, nb = r.u32s(5)
-            binds = [tuple(r.u32s(4)) for _ in range(nb)]
-            cmds.append((op, ex, gx, gy, gz, binds))
-        elif op == OP_ASSERT_EQ:
-            a, b, msg = r.u32s(3)
-            cmds.append((op, a, b, s(msg)))
-        elif op in OPCODE_ARITY:
-            cmds.append((op, *r.u32s(OPCODE_ARITY[op])))
-        else:
-            raise ModuleFormatError(f"unknown opcode {op:#x}")
+    def stream(r: _Reader):
+        n_cmds, n_regs = r.u32s(2)
+        cmds = []
+        for _ in range(n_cmds):
+            op = r.u32()
+            if op in (OP_DISPATCH, OP_DISPATCH_DYN):
+                ex, gx, gy, gz, nb = r.u32s(5)
+                binds = [tuple(r.u32s(4)) for _ in range(nb)]
+                cmds.append((op, ex, gx, gy, gz, binds))
+            elif op == OP_ASSERT_EQ:
+                a, b, msg = r.u32s(3)
+                cmds.append((op, a, b, s(msg)))
+            elif op in OPCODE_ARITY:
+                cmds.append((op, *r.u32s(OPCODE_ARITY[op])))
+            else:
+                raise ModuleFormatError(f"unknown opcode {op:#x}")
+        return cmds, n_regs
+
+    cmds, n_regs = stream(_Reader(sections[b"CMDS"], "CMDS"))
+    variants = []
+    if VARIANTS_TAG in sections:
+        r = _Reader(sections[VARIANTS_TAG], "VARS")
+        for _ in range(r.u32()):
+            name, rule = r.u32s(2)
+            variants.append(Variant(s(name), s(rule), *stream(r)))
 
     symbols = []
     if b"SYMS" in sections:
@@ -307,7 +342,9 @@ def _read_sections(data: bytes) -> Module:
     info = {}
     if b"INFO" in sections:
         info = json.loads(_Reader(sections[b"INFO"], "INFO").blob() or b"{}")
-    return Module(execs, bufs, groups[0], groups[1], cmds, limits, info, n_regs, symbols)
+    for v in variants:
+        v.info = (info.get("variants") or {}).get(v.name, {})
+    return Module(execs, bufs, groups[0], groups[1], cmds, limits, info, n_regs, symbols, variants)
 
 
 def validate_module(m: Module) -> None:
@@ -346,13 +383,23 @@ def validate_module(m: Module) -> None:
                 check(all(r is None or r < nsym for r in io.regs), f"input {io.name!r}: a varying dim is not a symbol")
             check(io.offset + io.size <= m.buffers[io.buffer].size,
                   f"{group} {io.name!r} runs past the end of its buffer")
-    for c in m.commands:
+    check(len({v.name for v in m.variants}) == len(m.variants), "two variants share a name")
+    for v in m.variants:
+        check(v.registers >= nsym and all(r is None or r < v.registers for io in m.outputs for r in io.regs),
+              f"variant {v.name!r} has fewer registers than its symbols and outputs name")
+        _check_stream(m, v.commands, v.registers, check)
+    _check_stream(m, m.commands, m.registers, check)
+
+
+def _check_stream(m: Module, commands: list, registers: int, check) -> None:
+    nb, ne = len(m.buffers), len(m.executables)
+    for c in commands:
         op = c[0]
         if op in (OP_DISPATCH, OP_DISPATCH_DYN):
             _, ex, gx, gy, gz, binds = c
             check(ex < ne, f"a dispatch names executable {ex} of {ne}")
             if op == OP_DISPATCH_DYN:
-                check(max(gx, gy, gz) < max(m.registers, 1), "a dispatch reads a register out of range")
+                check(max(gx, gy, gz) < max(registers, 1), "a dispatch reads a register out of range")
             slots = {slot for slot, _ in m.executables[ex].bindings}
             check({b[0] for b in binds} == slots and len(binds) == len(slots),
                   f"a dispatch of {m.executables[ex].name!r} does not bind exactly its slots")
@@ -364,14 +411,14 @@ def validate_module(m: Module) -> None:
         elif op == OP_READBACK:
             check(c[1] < len(m.outputs), "READBACK names a missing output")
         elif op == OP_ASSERT_EQ:
-            check(c[1] < max(m.registers, 1) and c[2] < max(m.registers, 1), "ASSERT_EQ names a missing register")
+            check(c[1] < max(registers, 1) and c[2] < max(registers, 1), "ASSERT_EQ names a missing register")
         elif op in (OP_SET_REG, OP_ARITH):
-            check(all(r < max(m.registers, 1) for r in (c[1:2] if op == OP_SET_REG else c[2:])),
+            check(all(r < max(registers, 1) for r in (c[1:2] if op == OP_SET_REG else c[2:])),
                   "a register index is out of range")
             if op == OP_ARITH:
                 check(c[1] < len(ARITH_OPS), f"unknown arithmetic op {c[1]}")
         elif op == OP_LOAD_DIM:
-            check(c[1] < max(m.registers, 1) and c[2] < len(m.inputs) and c[3] < len(m.inputs[c[2]].shape),
+            check(c[1] < max(registers, 1) and c[2] < len(m.inputs) and c[3] < len(m.inputs[c[2]].shape),
                   "LOAD_DIM names a missing input dim or register")
 
 
@@ -420,3 +467,46 @@ def shape_of(io: IOInfo, regs) -> tuple:
     if not io.regs:
         return tuple(io.shape)
     return tuple(d if r is None else regs[r] for d, r in zip(io.shape, io.regs))
+
+
+# ----------------------------------------------------------------------------
+def pick_variant(m: Module, device_class: str, requested: str | None = None) -> str:
+    """The variant a session runs: `requested` (a name; ModuleFormatError naming the variants if
+    the build has no such one), else the first whose rule is 'device_class=<device_class>', else
+    the first. "" for a module without variants."""
+    names = [v.name for v in m.variants]
+    if requested:
+        if requested not in names:   # webiree.js says the same
+            raise ModuleFormatError(f"the build has no kernel variant {requested!r} (it has: "
+                                    f"{', '.join(names) or 'none'})")
+        return requested
+    if not names:
+        return ""
+    return next((v.name for v in m.variants if v.rule == f"device_class={device_class}"), names[0])
+
+
+def select_variant(m: Module, name: str) -> Module:
+    """The module a runtime runs for variant `name` (pick_variant): its command stream over only
+    the executables it dispatches (renumbered in their order in the table), its dispatch info;
+    buffers, inputs, outputs, limits and symbols are shared. A module without variants (name "")
+    is returned as it is."""
+    if not name:
+        return m
+    v = next(v for v in m.variants if v.name == name)
+    used = sorted({c[1] for c in v.commands if c[0] in (OP_DISPATCH, OP_DISPATCH_DYN)})
+    new = {old: i for i, old in enumerate(used)}
+    commands = [(c[0], new[c[1]], *c[2:]) if c[0] in (OP_DISPATCH, OP_DISPATCH_DYN) else c for c in v.commands]
+    info = {k: val for k, val in m.info.items() if k != "variants"}
+    info["dispatches"] = [{**d, "exec": new.get(d.get("exec"), d.get("exec"))} for d in v.info.get("dispatches", [])]
+    return Module([m.executables[i] for i in used], m.buffers, m.inputs, m.outputs, commands, m.limits, info,
+                  v.registers, m.symbols, [], name)
+
+
+def variant_counts(module) -> list[dict]:
+    """Per variant: name, rule, the executables it dispatches, and how many of them another
+    variant dispatches too (stored once). [] for a module without variants."""
+    used = {v.name: {c[1] for c in v.commands if c[0] in (OP_DISPATCH, OP_DISPATCH_DYN)}
+            for v in module.variants}
+    return [{"name": v.name, "rule": v.rule, "executables": len(used[v.name]),
+             "shared": len(used[v.name] & set().union(*(u for n, u in used.items() if n != v.name)))}
+            for v in module.variants]

@@ -48,7 +48,8 @@ from ..hal_webgpu.feeds import (bind_dims, check_names, check_shape, declared_sh
                                 type_name)
 from ..hal_webgpu.interpreter import DeviceTensor, Interpreter
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, TOKENIZER_FILE, WEIGHTS_FILE
-from ..module.format import ModuleFormatError, read_module
+from ..hal_webgpu.requirements import adapter_class
+from ..module.format import ModuleFormatError, pick_variant, read_module, select_variant
 from ..text import Encoding
 from ..text import Tokenizer as _TextTokenizer
 from ..version import __version__
@@ -270,6 +271,7 @@ class InferenceSession:
 
     def __init__(self, module, interpreter, driver, manifest=None, url=None):
         self.module = module
+        self.variant = module.variant    # the kernel variant running ("": the build has one)
         self.interp = interpreter
         self.driver = driver
         self.manifest = manifest or {}
@@ -279,8 +281,11 @@ class InferenceSession:
         self._released = False
 
     @classmethod
-    async def create(cls, url: str = "./", *, timeout_ms: int = 30000, power_preference: str = "high-performance"):
-        """Fetch a build folder (manifest.json, model.wrm, weights.bin) and prepare it on a new device."""
+    async def create(cls, url: str = "./", *, timeout_ms: int = 30000, power_preference: str = "high-performance",
+                     variant: str | None = None):
+        """Fetch a build folder (manifest.json, model.wrm, weights.bin) and prepare it on a new device.
+        variant: the kernel variant to run ('gpu', 'cpu') of a build that carries several; None picks
+        by the adapter (a fallback / CPU adapter such as SwiftShader runs 'cpu'); `sess.variant`."""
         from ..hal_webgpu.browser_driver import BrowserDriver
         base = _base(url)
         manifest_url = base + MANIFEST_FILE
@@ -297,14 +302,20 @@ class InferenceSession:
         module = _read(module_bytes, module_file)
         driver = await BrowserDriver.create(module.limits, timeout_ms=timeout_ms, power_preference=power_preference)
         try:
-            return await cls.from_module(module, weights, driver, manifest, base)
+            return await cls.from_module(module, weights, driver, manifest, base, variant=variant)
         except BaseException:
             await driver.release()
             raise
 
     @classmethod
-    async def from_module(cls, module, weights, driver, manifest=None, url=None):
-        """A session over any HAL driver (the browser's, or natively wgpu-py's under `run_sync`)."""
+    async def from_module(cls, module, weights, driver, manifest=None, url=None, variant=None):
+        """A session over any HAL driver (the browser's, or natively wgpu-py's under `run_sync`);
+        a build with kernel variants runs `variant`, or the one the driver's adapter picks."""
+        try:
+            name = pick_variant(module, adapter_class(driver.adapter_info()), variant)
+        except ModuleFormatError as e:
+            raise ModelError(str(e), hint="leave variant out to pick by the adapter") from None
+        module = select_variant(module, name)
         interp = Interpreter(module, driver, weights)
         if hasattr(driver, "push_error_scopes"):
             driver.push_error_scopes()

@@ -105,8 +105,8 @@ class Dispatch:
 class Binder:
     """Assigns binding slots to tensors and renames loads in expressions.
 
-    A tensor may be bound twice: as its scalar array and as array<vec4<f32>>
-    (`vec=True`) for wide loads and stores. A constant stored in a narrow form
+    A tensor is bound as its scalar array or as array<vec4<f32>> (`vec=True`) for wide loads
+    and stores, never both (`bound_scalar`). A constant stored in a narrow form
     (`Tensor.pack`, ir/packing.py) is bound as array<u32> and decoded where it is read;
     the small constants share one binding, the constant table (compiler/memory.py)."""
 
@@ -124,6 +124,13 @@ class Binder:
         if key not in self.slots:
             self.slots.append(key)
         return f"b{self.slots.index(key)}"
+
+    def bound_scalar(self, tensor: str) -> bool:
+        """Whether the tensor already has its scalar binding: then it gets no vec4 one (WebGPU
+        rejects two writable storage bindings of one byte range in a dispatch, and every tensor
+        binding is read_write): a kernel versioned on a symbolic N (matmul.py) reads and writes
+        its vec4 body's values through the scalar body's bindings."""
+        return (self.prog.root(tensor), False) in self.slots
 
     def _read(self, tensor: str, index: kir.Expr, dtype: str) -> kir.Expr:
         """A buffer read of one element: a plain load, or the decode of a packed constant or of a
@@ -160,7 +167,7 @@ class Binder:
         elements where a fused prologue produces the tensor)."""
         index4 = kir.as_expr(index4, "i32")
         t = self.prog.tensors[self.prog.root(tensor)] if tensor not in self.prologues else None
-        if t is None or t.pack is not None or t.table_word is not None:
+        if t is None or t.pack is not None or t.table_word is not None or self.bound_scalar(tensor):
             return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
         return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 

@@ -133,7 +133,8 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
     being `vec` (1 or 4) adjacent columns. A plain f32 vec4 result is one vec4 store; otherwise
     each column goes through alpha and the fused epilogue."""
     M, N = op.m, op.n
-    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32"
+    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32" \
+        and not b.bound_scalar(op.out)
     out = b.name(op.out, vec=plain)
     acc_t = "vec4f" if vec == 4 else "f32"
     body = []
