@@ -19,13 +19,19 @@ bad = {k: v["rel_err"] for k, v in r.items() if k.startswith("webiree") and not 
 sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not comparable" if bad else 0)' "$1"
 }
 # STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch, dynamic,
-# precision (f32 / fp16 / int8 / int4 variants of MiniLM and MobileNetV2)
-STAGES=${STAGES:-variants models torch dynamic precision}
+# precision (f32 / fp16 / int8 / int4 variants of MiniLM and MobileNetV2), generation (a GPT-2-small-sized
+# decoder generating token by token: webiree vs onnxruntime CPU and torch CUDA; GEN_REPEAT generations each,
+# GEN_VARIANTS of f32,fp16,int4, GEN_ARGS passed on, e.g. "--layers 2")
+STAGES=${STAGES:-variants models torch dynamic precision generation}
 if [[ $STAGES == *variants* ]]; then
   python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt" || status=1
 fi
 if [[ $STAGES == *dynamic* ]]; then  # one build for a range of sizes vs. a build pinned to the size run
   python3 benchmarks/dynamic_shapes.py --runs ${RUNS:-30} --json "$OUT/dynamic.json" 2>&1 | grep -v "^Forcing" || status=1
+fi
+if [[ $STAGES == *generation* ]]; then  # per-token latency; exits 1 if webiree's tokens differ from onnxruntime's
+  python3 benchmarks/generation.py --repeat ${GEN_REPEAT:-5} --variants ${GEN_VARIANTS:-f32,fp16,int4} ${GEN_ARGS:-} \
+    --json "$OUT/generation.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
 fi
 [[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4

@@ -238,24 +238,13 @@ def export_bert_dynamic(path, seed: int = 0, hidden: int = 64, layers: int = 2, 
 GPT2_DIMS = {"batch": 1, "sequence": (1, 128), "past_sequence": (0, 127), "total_sequence": (1, 128)}
 
 
-def export_gpt2_with_past(path, seed: int = 0, layers: int = 2, n_embd: int = 64, heads: int = 4, vocab: int = 128,
-                          positions: int = 128, std: float = 0.3) -> list[str]:
-    """A GPT-2 decoder from `transformers` (GPT2LMHeadModel, seeded random weights from a small
-    config, tied embeddings) exported with its KV cache as decoders for onnxruntime are (TorchScript
-    exporter, opset 17): inputs input_ids [batch, sequence], attention_mask [batch, total_sequence],
-    position_ids [batch, sequence] and past_key_values.{i}.key / .value [batch, heads, past_sequence,
-    head_dim]; outputs logits [batch, sequence, vocab] and present.{i}.key / .value [batch, heads,
-    total_sequence, head_dim]. The first step runs with a past of length 0. transformers passes the
-    cache as a DynamicCache object: a wrapper builds one from the flat past tensors and returns its
-    layers' keys and values. Weights are N(0, std) (0.3, not GPT-2's 0.02, so that greedy decoding
-    does not repeat one token and the top two logits stay well apart), LayerNorms and biases
-    perturbed. Needs torch and transformers. Returns the input names; GPT2_DIMS are ranges that
-    build it for generation up to `positions` tokens."""
-    import warnings
-
+def gpt2_lm(seed: int = 0, layers: int = 2, n_embd: int = 64, heads: int = 4, vocab: int = 128, positions: int = 128,
+            std: float = 0.3):
+    """The `transformers` GPT2LMHeadModel (eval mode, tied embeddings) that export_gpt2_with_past
+    exports, with its seeded weights: the same arguments give the same weights, so a benchmark can
+    run the exported file and the torch model side by side. Needs torch and transformers."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from transformers.cache_utils import DynamicCache
 
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=vocab, n_embd=n_embd, n_layer=layers, n_head=heads, n_positions=positions,
@@ -270,6 +259,30 @@ def export_gpt2_with_past(path, seed: int = 0, layers: int = 2, n_embd: int = 64
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(std * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def export_gpt2_with_past(path, seed: int = 0, layers: int = 2, n_embd: int = 64, heads: int = 4, vocab: int = 128,
+                          positions: int = 128, std: float = 0.3) -> list[str]:
+    """A GPT-2 decoder from `transformers` (GPT2LMHeadModel, seeded random weights from a small
+    config, tied embeddings; gpt2_lm builds it) exported with its KV cache as decoders for
+    onnxruntime are (TorchScript exporter, opset 17): inputs input_ids [batch, sequence],
+    attention_mask [batch, total_sequence], position_ids [batch, sequence] and
+    past_key_values.{i}.key / .value [batch, heads, past_sequence, head_dim]; outputs logits
+    [batch, sequence, vocab] and present.{i}.key / .value [batch, heads, total_sequence, head_dim].
+    The first step runs with a past of length 0. transformers passes the cache as a DynamicCache
+    object: a wrapper builds one from the flat past tensors and returns its layers' keys and values.
+    Weights are N(0, std) (0.3, not GPT-2's 0.02, so that greedy decoding does not repeat one token
+    and the top two logits stay well apart), LayerNorms and biases perturbed. Needs torch and
+    transformers. Returns the input names; GPT2_DIMS are ranges that build it for generation up to
+    `positions` tokens (benchmarks/generation.py exports it at GPT-2-small size)."""
+    import warnings
+
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    model = gpt2_lm(seed, layers, n_embd, heads, vocab, positions, std)
+    cfg = model.config
 
     class WithPast(torch.nn.Module):
         def __init__(self, m):
