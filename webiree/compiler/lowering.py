@@ -304,14 +304,17 @@ def check_fold_size(node: Node, values: list, opset: int, known: dict) -> None:
                              hint="the constant inputs of this node ask for an enormous tensor; check them")
 
 
-WIDEN_MIN_BYTES = 64 << 10     # folds to values smaller than this are always kept
+WIDEN_MIN_BYTES = 64 << 10     # folds to values smaller than this are kept ...
+WIDENING_OPS = {"DequantizeLinear", "Cast", "CastLike"}    # ... except an op that only widens its elements
 
 
-def widens(args: list, values: list) -> bool:
+def widens(args: list, values: list, op: str = "") -> bool:
     """Whether folding a node would store more bytes than its constant inputs take (each counted
-    in its narrowest exact form, ir/packing.py), for a result of WIDEN_MIN_BYTES or more."""
+    in its narrowest exact form, ir/packing.py), for a result of WIDEN_MIN_BYTES or more, or of any
+    size for an op that only widens elements (a small int8 weight's DequantizeLinear stays int8)."""
     out = sum(packing.narrow_bytes(v) for v in values)
-    return out >= WIDEN_MIN_BYTES and out > sum(packing.narrow_bytes(a) for a in args if a is not None)
+    floor = 4 * packing.MIN_ELEMENTS if op in WIDENING_OPS else WIDEN_MIN_BYTES
+    return out >= floor and out > sum(packing.narrow_bytes(a) for a in args if a is not None)
 
 
 def fold_node(node: Node, values: list, opset: int, domain: str = "") -> list[np.ndarray]:
@@ -410,7 +413,7 @@ def _lower(ctx, graph, registry) -> Program:
                     if ctx.pending:
                         queue.extendleft(reversed(ctx.pending))
                     continue
-                if handler is None or not widens(args, values):
+                if handler is None or not widens(args, values, node.op):
                     for o, v in zip([o for o in node.outputs if o], values):
                         ctx.set_const(o, v)
                     continue
