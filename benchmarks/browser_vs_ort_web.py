@@ -30,14 +30,13 @@ ort-web runs its generic WebGPU kernels with one wasm thread.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -142,12 +141,11 @@ def main(argv=None) -> int:
 
     import numpy as np
     import onnx
-    import uvicorn
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     import webiree
-    from webiree.bundler.server import create_app
+    from webiree.bundler.server import serve_in_thread
     from webiree.testing import models
 
     if args.onnx:
@@ -171,12 +169,8 @@ def main(argv=None) -> int:
             shutil.copyfile(ORT_DIST / f, root / "ort" / f)
         (root / "index.html").write_text("<!doctype html><title>bench</title><link rel=icon href='data:,'>")
 
-        server = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
+        stack = contextlib.ExitStack()
+        base = stack.enter_context(serve_in_thread(root))
         arg = {"runs": args.runs, "warmup": args.warmup, "ortThreads": ORT_WASM_THREADS,
                "feeds": {k: {"type": kinds[v.dtype], "dims": list(v.shape),
                              "data": base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()}
@@ -192,7 +186,7 @@ def main(argv=None) -> int:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
                 page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{port}/")
+                page.goto(base)
                 adapter = page.evaluate("""async () => { const a = await navigator.gpu?.requestAdapter();
                   return a ? `${a.info.vendor} ${a.info.architecture}` : 'none'; }""")
                 try:
@@ -204,8 +198,7 @@ def main(argv=None) -> int:
                     version = browser.version
                     browser.close()
         finally:
-            server.should_exit = True
-            thread.join(10)
+            stack.close()
 
     webiree_js = Path(webiree.__file__).resolve().parents[1] / "web" / "webiree.js"
     w_gz = gz(webiree_js)

@@ -57,6 +57,7 @@ argmax'd in JS), if onnxruntime-web is in benchmarks/node_modules (see browser_v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -398,7 +399,6 @@ BROWSER_JS = """async ({withWebiree, prompt, n, repeat, ortThreads, past, heads,
 def run_browser(variant: str, args, workdir: Path, out: dict) -> bool:
     """webiree.js generate vs onnxruntime-web (WebGPU EP, IO binding) on the same .onnx in one page."""
     import shutil
-    import threading
 
     row = out.setdefault(variant, {}).setdefault("browser", {})
     missing = [f for f in ORT_FILES if not (ORT_DIST / f).is_file()]
@@ -407,12 +407,11 @@ def run_browser(variant: str, args, workdir: Path, out: dict) -> bool:
         print(f"\n{variant} in the browser: not run: {row['error']}; install it with\n  cd {ROOT / 'benchmarks'} && "
               f"npm install --no-save --no-package-lock --prefix . onnxruntime-web@1.30.0")
         return True
-    import uvicorn
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     import webiree
-    from webiree.bundler.server import create_app
+    from webiree.bundler.server import serve_in_thread
     path = model_file(variant, args, workdir)
     root = workdir / f"browser-{args.layers}-{variant}-opt{args.seq_opt}"
     print(f"\n{variant} in headless Chromium: {path.name}", flush=True)
@@ -441,18 +440,14 @@ def run_browser(variant: str, args, workdir: Path, out: dict) -> bool:
         () => reject(new Error('the benchmark timed out after {timeout} s')), {int(timeout * 1000)}); }});
       try {{ return await Promise.race([fn(arg), limit]); }} finally {{ clearTimeout(timer); }}
     }}"""
-    server = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    stack = contextlib.ExitStack()
+    base = stack.enter_context(serve_in_thread(root))
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
                                          args=["--enable-unsafe-webgpu", "--no-sandbox"])
             page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{port}/")
+            page.goto(base)
             adapter = page.evaluate(ADAPTER_JS)
             # the page's build: CPU-adapter kernels; with --browser-limits adapter the page adapter's
             # binding and buffer limits (as `--limits adapter` natively), else WebGPU's defaults
@@ -489,8 +484,7 @@ def run_browser(variant: str, args, workdir: Path, out: dict) -> bool:
                 version = browser.version
                 browser.close()
     finally:
-        server.should_exit = True
-        thread.join(10)
+        stack.close()
     w, o = res["webiree"], res["ort"]
     ref = out[variant].get("tokens", {}).get("onnxruntime-cpu")
     keys = ("createMs", "firstMs", "perTokenMs", "tokensPerS", "coldFirstMs", "coldPerTokenMs", "tokens", "tokensSame")

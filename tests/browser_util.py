@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -14,26 +12,10 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--no-sandbox"]
 
 
-@contextmanager
 def serving(root):
     """webiree's dev server on a free loopback port, in a thread; yields the base URL."""
-    import uvicorn
-
-    from webiree.bundler.server import create_app
-
-    srv = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the webiree server did not start"
-        time.sleep(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        srv.should_exit = True
-        thread.join(10)
+    from webiree.bundler.server import serve_in_thread
+    return serve_in_thread(root)
 
 
 @contextmanager

@@ -42,6 +42,8 @@ Security rule: a request may only ever read a regular file whose *real* path
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import mimetypes
 import os
 import re
@@ -350,3 +352,28 @@ class _IsolationHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+@contextmanager
+def serve_in_thread(root):
+    """The dev server over `root` on a free loopback port, in a thread (tests, benchmarks); yields
+    the base URL and stops the server after."""
+    import threading
+    import time
+
+    import uvicorn
+
+    srv = uvicorn.Server(uvicorn.Config(create_app(root), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the webiree server did not start")
+        time.sleep(0.02)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        srv.should_exit = True
+        thread.join(10)
