@@ -205,7 +205,18 @@ def _as_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def import_model(model, input_shapes: dict | None = None, dims: dict | None = None) -> Graph:
+    """The graph IR of `model`. A ModelProto passed in is left as it was: the input shapes this
+    writes while resolving dims are put back (a build of several kernel variants imports it again)."""
     proto = sort_nodes(load_model_proto(model))
+    saved = [(vi, onnx.ValueInfoProto.FromString(vi.SerializeToString())) for vi in proto.graph.input]
+    try:
+        return _import(proto, input_shapes, dims)
+    finally:
+        for vi, original in saved:
+            vi.CopyFrom(original)
+
+
+def _import(proto: onnx.ModelProto, input_shapes: dict | None, dims: dict | None) -> Graph:
     input_shapes = dict(input_shapes or {})
     checked = _as_checked(proto)
     try:
