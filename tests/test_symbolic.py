@@ -238,14 +238,13 @@ def test_concat_of_a_past_that_may_be_empty():
 def test_a_model_proto_is_left_as_it_was(tmp_path):
     """Pinning or bounding dims does not write into the caller's ModelProto: the same proto builds
     again with the same dims (a default build imports it once per kernel variant)."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])
     m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
                           opset_imports=[helper.make_opsetid("", 17)], ir_version=M.IR_VERSION)
     before = m.SerializeToString()
     for _ in range(2):
-        res = webiree.compile(m, tmp_path / "b", dims={"batch": (1, 3)})
-        assert len(res.module.variants or [None]) >= 1
+        webiree.compile(m, tmp_path / "b", dims={"batch": 2, "n": (1, 8)})
         assert m.SerializeToString() == before
     got = InferenceSession(tmp_path / "b").run(None, {"x": np.array([[-1, 2, -3, 4]] * 2, np.float32)})[0]
     np.testing.assert_array_equal(got, [[0, 2, 0, 4]] * 2)
