@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import statistics
 import sys
@@ -95,15 +94,7 @@ def model_file(variant: str, args, workdir: Path) -> Path:
     if variant == "fp16":
         onnx.save(M.float16_model(f32, keep_io_types=True), str(path))
     elif variant == "int4":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-        logging.disable(logging.WARNING)
-        try:
-            q = MatMulNBitsQuantizer(onnx.load(str(f32)), block_size=32, is_symmetric=True,
-                                     op_types_to_quantize=("MatMul", "Gather"))
-            q.process()
-        finally:
-            logging.disable(logging.NOTSET)
-        onnx.save(q.model.model, str(path))
+        onnx.save(M.quantize_nbits_model(f32, op_types=("MatMul", "Gather")), str(path))
     return path
 
 

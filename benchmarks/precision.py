@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 import warnings
@@ -54,14 +53,7 @@ def make_variant(src: Path, variant: str, dst: Path, feeds: dict) -> Path:
         calib = [{k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in feeds.items()} for _ in range(4)]
         M.quantize_static_qdq(src, dst, calib)
     elif variant == "int4":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-        logging.disable(logging.WARNING)
-        try:
-            q = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=32, is_symmetric=True)
-            q.process()
-        finally:
-            logging.disable(logging.NOTSET)
-        onnx.save(q.model.model, str(dst))
+        onnx.save(M.quantize_nbits_model(src), str(dst))
     else:
         raise ValueError(variant)
     return dst

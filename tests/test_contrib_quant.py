@@ -238,9 +238,7 @@ def test_matmul_nbits_keeps_weights_packed(tmp_path):
 def test_matmul_nbits_from_onnxruntime_quantizer(tmp_path):
     """A float MatMul model quantized by onnxruntime's own MatMulNBitsQuantizer (4 bits, block 32,
     asymmetric: packed zero points) builds and matches onnxruntime."""
-    import logging
-
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from webiree.testing.models import quantize_nbits_model
 
     rng = np.random.default_rng(5)
     K, N1, N2 = 96, 40, 24
@@ -253,13 +251,7 @@ def test_matmul_nbits_from_onnxruntime_quantizer(tmp_path):
                           [helper.make_tensor_value_info("y", F, [3, 4, N2])],
                           [numpy_helper.from_array(v, k) for k, v in dict(w1=w1, w2=w2, b1=b1).items()])
     f32 = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
-    logging.disable(logging.WARNING)
-    try:
-        q = MatMulNBitsQuantizer(f32, block_size=32, is_symmetric=False)
-        q.process()
-    finally:
-        logging.disable(logging.NOTSET)
-    qm = q.model.model
+    qm = quantize_nbits_model(f32, symmetric=False)
     assert [n.op_type for n in qm.graph.node].count("MatMulNBits") == 2, [n.op_type for n in qm.graph.node]
     feeds = {"x": rng.standard_normal((3, 4, K)).astype(np.float32)}
     res = compare(qm, feeds, tmp_path)

@@ -433,6 +433,24 @@ def quantize_dynamic_model(src, dst, weight_type: str = "QInt8") -> onnx.ModelPr
     return onnx.load(str(dst))
 
 
+def quantize_nbits_model(model, block_size: int = 32, symmetric: bool = True, op_types=None) -> onnx.ModelProto:
+    """`model` (a ModelProto or path) through onnxruntime's MatMulNBitsQuantizer (4 bits, blocks of
+    `block_size`; op_types e.g. ("MatMul", "Gather"), default the quantizer's own), as q4 models ship."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    m = onnx.load(str(model)) if not isinstance(model, onnx.ModelProto) else model
+    kw = {"op_types_to_quantize": tuple(op_types)} if op_types else {}
+    logging.disable(logging.WARNING)       # (it logs every node it quantizes)
+    try:
+        q = MatMulNBitsQuantizer(m, block_size=block_size, is_symmetric=symmetric, **kw)
+        q.process()
+    finally:
+        logging.disable(logging.NOTSET)
+    return q.model.model
+
+
 def quantize_static_qdq(src, dst, feeds: list[dict], per_channel: bool = True) -> onnx.ModelProto:
     """onnxruntime.quantization.quantize_static of the f32 model at `src` into `dst` in QDQ format
     (int8 activations and weights, MinMax calibration over `feeds`, a list of input dicts).
