@@ -245,6 +245,23 @@ export function adapterClass(a) {
     /llvmpipe|lavapipe|swiftshader/i.test([i.vendor, i.architecture, i.device, i.description].join()) ? 'cpu' : 'gpu';
 }
 
+/** N where the adapter guarantees subgroups of exactly N invocations, else 0 (browser_driver.py _subgroup_size). */
+export function adapterSubgroupSize(a) {
+  const i = a?.info ?? {};
+  return a?.features?.has?.('subgroups') && i.subgroupMinSize > 0 && i.subgroupMinSize === i.subgroupMaxSize ? i.subgroupMinSize : 0;
+}
+
+/** The variant whose rule holds for the adapter with the most conditions, else the first (format.py pick_variant). */
+function pickVariant(vs, adapter) {
+  const have = {device_class: adapterClass(adapter), subgroup_size: String(adapterSubgroupSize(adapter) || '')};
+  let best = vs[0], most = -1;
+  for (const v of vs) {
+    const cond = v.rule.split(',').filter((c) => c.includes('=')).map((c) => c.split('='));
+    if (cond.every(([k, val]) => have[k] === val) && cond.length > most) { best = v; most = cond.length; }
+  }
+  return best;
+}
+
 /** The module cut to one kernel variant (format.py pick_variant, select_variant). */
 export function selectVariant(m, adapter, want) {
   const vs = m.variants;
@@ -252,11 +269,13 @@ export function selectVariant(m, adapter, want) {
     fail('model', `the build has no kernel variant '${want}' (it has: ${vs.map((x) => x.name).join(', ') || 'none'})`);
   }
   if (!vs.length) return m;
-  const v = vs.find((x) => x.name === want) ?? vs.find((x) => x.rule === `device_class=${adapterClass(adapter)}`) ?? vs[0];
+  const v = vs.find((x) => x.name === want) ?? pickVariant(vs, adapter);
+  const sg = /(?:^|,)subgroup_size=(\d+)/.exec(v.rule);
+  const limits = sg ? {...m.limits, subgroup_size: Number(sg[1])} : m.limits;
   const isD = (c) => c[0] === OP.DISPATCH || c[0] === OP.DISPATCH_DYN;
   const used = [...new Set(v.commands.filter(isD).map((c) => c[1]))].sort((a, b) => a - b);
   const at = (e) => used.indexOf(e);
-  return {...m, executables: used.map((i) => m.executables[i] ?? fail('model', `model.wrm: unknown executable ${i}`)), registers: v.registers, variants: [], variant: v.name,
+  return {...m, executables: used.map((i) => m.executables[i] ?? fail('model', `model.wrm: unknown executable ${i}`)), registers: v.registers, variants: [], variant: v.name, limits,
     commands: v.commands.map((c) => (isD(c) ? [c[0], at(c[1]), ...c.slice(2)] : c)),
     info: {...m.info, dispatches: (m.info.variants?.[v.name]?.dispatches ?? []).map((d) => ({...d, exec: at(d.exec)}))}};
 }

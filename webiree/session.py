@@ -84,13 +84,13 @@ class InferenceSession:
     def _init(self, module, weights: bytes, driver, path, source: str, variant=None) -> None:
         import os
 
-        from .hal_webgpu.requirements import adapter_class
+        from .hal_webgpu.requirements import adapter_facts
         from .module.format import ModuleFormatError, pick_variant, select_variant
         self.interp = None
         if variant is None and module.variants:
             variant = os.environ.get("WEBIREE_VARIANT") or None    # a whole test run can force one
         try:
-            name = pick_variant(module, adapter_class(driver.adapter_info()), variant)
+            name = pick_variant(module, adapter_facts(driver.adapter_info(), driver.limits()), variant)
         except ModuleFormatError as e:
             raise ModelError(str(e), hint="leave variant out to pick by the adapter") from None
         module = select_variant(module, name)

@@ -207,6 +207,15 @@ def _limits_of(js_limits) -> dict:
     return out
 
 
+def _subgroup_size(adapter) -> int:
+    """N where the adapter guarantees subgroups of exactly N invocations (subgroupMinSize ==
+    subgroupMaxSize), else 0 (webiree.js adapterFacts says the same)."""
+    info = getattr(adapter, "info", None)
+    lo, hi = (None, None) if _missing(info) else (getattr(info, "subgroupMinSize", None),
+                                                   getattr(info, "subgroupMaxSize", None))
+    return int(lo) if isinstance(lo, (int, float)) and lo == hi and lo > 0 else 0
+
+
 def _gpu_error(e, what: str) -> DeviceError:
     """A JsException from a GPU promise as a DeviceError."""
     name = getattr(e, "name", "")
@@ -259,7 +268,7 @@ class BrowserDriver(Driver):
         have = _limits_of(adapter.limits)
         check_requirements(needed, have)   # the same LimitsError as the native driver
         required = {_camel(k): needed[k] for k in CHECKED_LIMITS if k in needed and k in have}
-        features = ["timestamp-query"] if adapter.features.has("timestamp-query") else []
+        features = [f for f in ("timestamp-query", "subgroups") if adapter.features.has(f)]
         what = "adapter.requestDevice()"
         try:
             device = await helpers.withTimeout(
@@ -267,7 +276,11 @@ class BrowserDriver(Driver):
                 timeout_ms, what, None)
         except ffi.JsException as e:
             raise DeviceError(f"the WebGPU adapter refused a device: {getattr(e, 'message', e)}") from None
-        return cls(adapter, device, timeout_ms)
+        drv = cls(adapter, device, timeout_ms)
+        size = _subgroup_size(adapter) if "subgroups" in features else 0
+        if size:
+            drv._limits["subgroup_size"] = size
+        return drv
 
     # ------------------------------------------------------------ helpers
     def _obj(self, d):
@@ -340,7 +353,10 @@ class BrowserDriver(Driver):
         layout = d.createBindGroupLayout(self._obj({"label": name, "entries": [
             {"binding": slot, "visibility": visibility, "buffer": {"type": "uniform" if kind == 2 else "storage"}}
             for slot, kind in bindings]}))
-        shader = d.createShaderModule(self._obj({"label": name, "code": bytes(code).decode("utf-8")}))
+        text = bytes(code).decode("utf-8")
+        if "subgroupBroadcast(" in text:   # naga (the build's validator) takes subgroup builtins without it; Tint does not
+            text = "enable subgroups;\n" + text
+        shader = d.createShaderModule(self._obj({"label": name, "code": text}))
         pipeline_layout = d.createPipelineLayout(self._obj({"bindGroupLayouts": [layout]}))
         what = f"creating the pipeline of dispatch {name}"
         promise = self._state.waitPipeline(d.createComputePipelineAsync(self._obj({

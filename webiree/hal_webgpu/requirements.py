@@ -43,3 +43,9 @@ def adapter_class(info: dict) -> str:
         return "cpu"
     text = " ".join(str(info.get(k, "")) for k in ("vendor", "architecture", "device", "description")).lower()
     return "cpu" if any(w in text for w in CPU_RENDERERS) else "gpu"
+
+
+def adapter_facts(info: dict, limits: dict) -> dict:
+    """What a kernel variant's rule is matched against (module/format.py pick_variant): the device
+    class and the subgroup size the driver measured or the adapter guarantees (0: none usable)."""
+    return {"device_class": adapter_class(info), "subgroup_size": int(limits.get("subgroup_size") or 0)}

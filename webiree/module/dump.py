@@ -43,7 +43,7 @@ def describe_build(path) -> str:
         total = sum(c["executables"] for c in counts)
         lines.append(f"kernel variants: {len(counts)}, {len(m.executables)} unique executables ({total} dispatched in "
                      f"all, {total - len(m.executables)} shared); a session runs the one its adapter's rule picks")
-        lines += [f"  {c['name']:<6} rule {c['rule']}: {c['executables']} executables ({c['shared']} also in "
+        lines += [f"  {c['name']:<7} rule {c['rule']}: {c['executables']} executables ({c['shared']} also in "
                   f"another variant)" for c in counts]
     for v in m.variants or [None]:
         ds = (v.info if v else info).get("dispatches", [])

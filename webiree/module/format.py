@@ -38,9 +38,22 @@ OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
                 OP_LOAD_DIM: 3, OP_ARITH: 4, OP_ASSERT_EQ: 3}
 
 # VARS: kernel variants for classes of adapter (docs/schedule-module.md). A rule names what the
-# adapter must be for its variant to be picked; the first variant is taken where no rule matches.
-RULES = {"gpu": "device_class=gpu", "cpu": "device_class=cpu"}
+# adapter must be for its variant to be picked: comma-separated conditions 'key=value' on the
+# adapter's facts (device_class: gpu | cpu; subgroup_size: N, where a workgroup of N invocations
+# runs as exactly one subgroup). The variant whose rule holds with the most conditions is picked;
+# the first variant where none holds.
 VARIANTS_TAG = b"VARS"
+
+
+def variant_rule(name: str) -> str:
+    """The rule of a variant named 'CLASS' or 'CLASS-sgN' (compiler/driver.py variant_target)."""
+    cls, _, sg = name.partition("-sg")
+    return f"device_class={cls}" + (f",subgroup_size={sg}" if sg else "")
+
+
+def rule_conditions(rule: str) -> dict:
+    """'device_class=cpu,subgroup_size=8' -> {'device_class': 'cpu', 'subgroup_size': '8'}."""
+    return dict(c.split("=", 1) for c in rule.split(",") if "=" in c)
 
 
 class ModuleFormatError(ValueError):
@@ -385,6 +398,9 @@ def validate_module(m: Module) -> None:
                   f"{group} {io.name!r} runs past the end of its buffer")
     check(len({v.name for v in m.variants}) == len(m.variants), "two variants share a name")
     for v in m.variants:
+        cond = rule_conditions(v.rule)
+        check(set(cond) <= {"device_class", "subgroup_size"} and cond.get("subgroup_size", "1").isdigit(),
+              f"variant {v.name!r} has a rule this reader does not know: {v.rule!r}")
         check(v.registers >= nsym and all(r is None or r < v.registers for io in m.outputs for r in io.regs),
               f"variant {v.name!r} has fewer registers than its symbols and outputs name")
         _check_stream(m, v.commands, v.registers, check)
@@ -470,10 +486,11 @@ def shape_of(io: IOInfo, regs) -> tuple:
 
 
 # ----------------------------------------------------------------------------
-def pick_variant(m: Module, device_class: str, requested: str | None = None) -> str:
+def pick_variant(m: Module, facts, requested: str | None = None) -> str:
     """The variant a session runs: `requested` (a name; ModuleFormatError naming the variants if
-    the build has no such one), else the first whose rule is 'device_class=<device_class>', else
-    the first. "" for a module without variants."""
+    the build has no such one), else the one whose rule holds for the adapter's `facts`
+    ({'device_class': 'gpu'|'cpu', 'subgroup_size': N or 0}; a str is the device class alone) with
+    the most conditions (the first of equals), else the first. "" for a module without variants."""
     names = [v.name for v in m.variants]
     if requested:
         if requested not in names:   # webiree.js says the same
@@ -482,14 +499,23 @@ def pick_variant(m: Module, device_class: str, requested: str | None = None) -> 
         return requested
     if not names:
         return ""
-    return next((v.name for v in m.variants if v.rule == f"device_class={device_class}"), names[0])
+    if isinstance(facts, str):
+        facts = {"device_class": facts}
+    have = {k: str(v) for k, v in facts.items() if v}
+    best, most = names[0], -1
+    for v in m.variants:
+        cond = rule_conditions(v.rule)
+        if all(have.get(k) == val for k, val in cond.items()) and len(cond) > most:
+            best, most = v.name, len(cond)
+    return best
 
 
 def select_variant(m: Module, name: str) -> Module:
     """The module a runtime runs for variant `name` (pick_variant): its command stream over only
     the executables it dispatches (renumbered in their order in the table), its dispatch info;
-    buffers, inputs, outputs, limits and symbols are shared. A module without variants (name "")
-    is returned as it is."""
+    buffers, inputs, outputs and symbols are shared, and the limits are the module's plus the
+    subgroup size the variant's rule names (so the runtime checks and requests it). A module
+    without variants (name "") is returned as it is."""
     if not name:
         return m
     v = next(v for v in m.variants if v.name == name)
@@ -498,7 +524,11 @@ def select_variant(m: Module, name: str) -> Module:
     commands = [(c[0], new[c[1]], *c[2:]) if c[0] in (OP_DISPATCH, OP_DISPATCH_DYN) else c for c in v.commands]
     info = {k: val for k, val in m.info.items() if k != "variants"}
     info["dispatches"] = [{**d, "exec": new.get(d.get("exec"), d.get("exec"))} for d in v.info.get("dispatches", [])]
-    return Module([m.executables[i] for i in used], m.buffers, m.inputs, m.outputs, commands, m.limits, info,
+    limits = dict(m.limits)
+    sg = rule_conditions(v.rule).get("subgroup_size")
+    if sg:
+        limits["subgroup_size"] = int(sg)
+    return Module([m.executables[i] for i in used], m.buffers, m.inputs, m.outputs, commands, limits, info,
                   v.registers, m.symbols, [], name)
 
 

@@ -48,7 +48,7 @@ from ..hal_webgpu.feeds import (bind_dims, check_names, check_shape, declared_sh
                                 type_name)
 from ..hal_webgpu.interpreter import DeviceTensor, Interpreter
 from ..module.folder import MANIFEST_FILE, MODULE_FILE, TOKENIZER_FILE, WEIGHTS_FILE
-from ..hal_webgpu.requirements import adapter_class
+from ..hal_webgpu.requirements import adapter_facts
 from ..module.format import ModuleFormatError, pick_variant, read_module, select_variant
 from ..text import Encoding
 from ..text import Tokenizer as _TextTokenizer
@@ -312,7 +312,7 @@ class InferenceSession:
         """A session over any HAL driver (the browser's, or natively wgpu-py's under `run_sync`);
         a build with kernel variants runs `variant`, or the one the driver's adapter picks."""
         try:
-            name = pick_variant(module, adapter_class(driver.adapter_info()), variant)
+            name = pick_variant(module, adapter_facts(driver.adapter_info(), driver.limits()), variant)
         except ModuleFormatError as e:
             raise ModelError(str(e), hint="leave variant out to pick by the adapter") from None
         module = select_variant(module, name)
