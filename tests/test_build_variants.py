@@ -1,7 +1,8 @@
 """Kernels chosen at load (issue #19 item 1): a default build carries GPU- and CPU-class kernel
-variants over one executable table (identical executables stored once) and one weights.bin; the
-session picks by the adapter. Natively the adapter is lavapipe, a CPU renderer: 'cpu' is picked,
-and both variants, forced, match onnxruntime. The browser and Pyodide runtimes are tested in
+variants, and CPU-class ones whose matmuls broadcast within subgroups of 8 or 4, over one
+executable table (identical executables stored once) and one weights.bin; the session picks by
+the adapter. Natively the adapter is lavapipe, a CPU renderer running subgroups of 8: 'cpu-sg8' is
+picked, and every variant it can run, forced, matches onnxruntime. The browser and Pyodide runtimes are tested in
 test_browser.py and test_pyodide.py (test_kernel_variant_*)."""
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from onnx import TensorProto, helper
 import webiree
 from webiree.compiler.driver import merge_variants
 from webiree.hal_webgpu.requirements import adapter_class
-from webiree.hal_webgpu.wgpu_driver import adapter_info
+from webiree.hal_webgpu.wgpu_driver import adapter_info, subgroup_size
 from webiree.module import read_module, write_module
 from webiree.module.dump import describe_build
-from webiree.module.format import VARIANTS_TAG, variant_counts
+from webiree.module.format import VARIANTS_TAG, ModuleFormatError, pick_variant, select_variant, variant_counts
 from webiree.testing.models import make_model, sample_inputs, small_cnn, tiny_attention
 
 from .conftest import assert_close, ort_run
@@ -44,39 +45,88 @@ def _unique_vs_sum(module):
     return len(module.executables), sum(c["executables"] for c in counts)
 
 
+DEFAULT = ["gpu", "cpu", "cpu-sg8", "cpu-sg4"]
+RULES = {"gpu": "device_class=gpu", "cpu": "device_class=cpu", "cpu-sg8": "device_class=cpu,subgroup_size=8",
+         "cpu-sg4": "device_class=cpu,subgroup_size=4"}
+
+
 @pytest.mark.parametrize("name", list(MODELS))
-def test_default_build_carries_both_variants(builds, name):
+def test_default_build_carries_the_variants(builds, name):
     root, built = builds
     model, path, res = built[name]
     m = read_module((path / "model.wrm").read_bytes())
-    assert [(v.name, v.rule) for v in m.variants] == [("gpu", "device_class=gpu"), ("cpu", "device_class=cpu")]
+    assert [(v.name, v.rule) for v in m.variants] == [(n, RULES[n]) for n in DEFAULT]
     unique, total = _unique_vs_sum(m)
     counts = {c["name"]: c for c in variant_counts(m)}
-    shared = counts["gpu"]["shared"]
-    assert shared == counts["cpu"]["shared"] > 0 and unique == total - shared < total, (unique, total, counts)
-    # the variants' kernels differ where the planner's table does (matmuls, softmax, layernorm, conv)
+    used = {v.name: {c[1] for c in v.commands if c[0] == 2} for v in m.variants}
+    assert unique == len(set().union(*used.values())) < total, (unique, total, counts)
+    for n in DEFAULT:
+        assert counts[n]["shared"] == len(used[n] & set().union(*(u for k, u in used.items() if k != n))) > 0
+    # the variants' kernels differ where the planner's table does (matmuls, softmax, layernorm, conv);
+    # the subgroup variants only in their matmuls
     strategies = {n: [d["config"]["strategy"] for d in r.module.info["dispatches"]] for n, r in res.variants.items()}
-    assert strategies["gpu"] != strategies["cpu"] and len(strategies["gpu"]) == len(strategies["cpu"])
+    assert strategies["gpu"] != strategies["cpu"] and len({len(v) for v in strategies.values()}) == 1
+    assert "subgroup-broadcast" not in strategies["cpu"] + strategies["gpu"]
+    for sg in ("cpu-sg8", "cpu-sg4"):
+        assert strategies[sg].count("subgroup-broadcast") > 0
+        assert [a for a, b in zip(strategies[sg], strategies["cpu"]) if a != b] == \
+            ["subgroup-broadcast"] * strategies[sg].count("subgroup-broadcast")
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["variants"] == [{"name": n, "rule": f"device_class={n}", "executables": counts[n]["executables"],
-                                     "shared": shared} for n in ("gpu", "cpu")]
-    assert manifest["executables"] == unique and manifest["build_options"]["variants"] == ["gpu", "cpu"]
+    assert manifest["variants"] == [{"name": n, "rule": RULES[n], "executables": counts[n]["executables"],
+                                     "shared": counts[n]["shared"]} for n in DEFAULT]
+    assert manifest["executables"] == unique and manifest["build_options"]["variants"] == DEFAULT
     assert len(list((path / "shaders").glob("*.wgsl"))) == unique
     text = describe_build(path)
-    assert f"kernel variants: 2, {unique} unique executables ({total} dispatched in all, {shared} shared)" in text
-    assert f"  cpu    rule device_class=cpu: {counts['cpu']['executables']} executables" in text
+    assert f"kernel variants: 4, {unique} unique executables ({total} dispatched in all, {total - unique} shared)" in text
+    assert f"  cpu-sg8 rule {RULES['cpu-sg8']}: {counts['cpu-sg8']['executables']} executables" in text
 
     feeds = sample_inputs(model)
     ref = ort_run(model, feeds)
-    assert adapter_class(adapter_info()) == "cpu"       # lavapipe
-    for variant, want in ((None, "cpu"), ("gpu", "gpu"), ("cpu", "cpu")):
+    assert adapter_class(adapter_info()) == "cpu" and subgroup_size() == 8     # lavapipe on AVX2
+    for variant, want in ((None, "cpu-sg8"), ("gpu", "gpu"), ("cpu", "cpu"), ("cpu-sg8", "cpu-sg8")):
         sess = webiree.InferenceSession(path, variant=variant)
         assert sess.variant == want
         assert len(sess.module.executables) == counts[want]["executables"]
         assert [d["config"]["strategy"] for d in sess.module.info["dispatches"]] == strategies[want]
+        assert sess.module.limits.get("subgroup_size") == (8 if want == "cpu-sg8" else None)
         for g, r, o in zip(sess.run(None, feeds), ref, model.graph.output, strict=True):
             assert_close(g, r, name=f"{o.name} ({want})", elementwise=True)
         sess.close()
+    # a variant for subgroups this adapter does not run is refused by name, before anything is created
+    with pytest.raises(webiree.LimitsError, match="broadcast within subgroups of 4 invocations; this adapter "
+                                                  "runs subgroups of 8"):
+        webiree.InferenceSession(path, variant="cpu-sg4")
+
+
+def test_pick_variant_by_the_adapter(builds):
+    """The rule with the most conditions that all hold wins; where none holds, the first variant."""
+    root, built = builds
+    m = read_module((built["tiny_attention"][1] / "model.wrm").read_bytes())
+    cases = [({"device_class": "gpu", "subgroup_size": 32}, "gpu"), ({"device_class": "gpu"}, "gpu"),
+             ({"device_class": "cpu", "subgroup_size": 8}, "cpu-sg8"),
+             ({"device_class": "cpu", "subgroup_size": 4}, "cpu-sg4"),
+             ({"device_class": "cpu", "subgroup_size": 16}, "cpu"), ({"device_class": "cpu", "subgroup_size": 0}, "cpu"),
+             ("cpu", "cpu"), ({"device_class": "npu"}, "gpu")]
+    assert [pick_variant(m, facts) for facts, _ in cases] == [want for _, want in cases]
+    assert select_variant(m, "cpu-sg4").limits["subgroup_size"] == 4 and "subgroup_size" not in m.limits
+    # a rule this reader does not know is refused when the module is read
+    bad = dataclass_replace(m, variants=[dataclass_replace(m.variants[0], rule="device_class=gpu,vram=80")]
+                            + m.variants[1:])
+    with pytest.raises(ModuleFormatError, match="variant 'gpu' has a rule this reader does not know"):
+        read_module(write_module(bad))
+
+
+def test_subgroup_variant_without_subgroups_is_not_carried(tmp_path):
+    """A model whose kernels broadcast nowhere (no matmul): its subgroup variants would equal 'cpu'."""
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "x"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])], {})
+    res = webiree.compile(model, tmp_path / "ew")
+    assert [v.name for v in res.module.variants] == ["gpu", "cpu"] and list(res.variants) == ["gpu", "cpu"]
+    sess = webiree.InferenceSession(tmp_path / "ew")
+    feeds = sample_inputs(model)
+    assert sess.variant == "cpu"
+    assert_close(sess.run(None, feeds)[0], ort_run(model, feeds)[0], name="y", elementwise=True)
 
 
 def test_weights_are_the_single_variant_builds(builds):
@@ -105,7 +155,7 @@ def dataclass_replace(obj, **kw):
 def test_variant_options_and_errors(builds, tmp_path):
     root, built = builds
     model, path, res = built["small_cnn"]
-    with pytest.raises(webiree.ModelError, match=r"no kernel variant 'tpu' \(.*gpu, cpu"):
+    with pytest.raises(webiree.ModelError, match=r"no kernel variant 'tpu' \(it has: gpu, cpu, cpu-sg8, cpu-sg4\)"):
         webiree.InferenceSession(path, variant="tpu")
     with pytest.raises(webiree.ModelError, match=r"no kernel variant 'cpu' \(it has: none\)"):
         webiree.InferenceSession(root / "gpu_only", variant="cpu")
@@ -114,8 +164,12 @@ def test_variant_options_and_errors(builds, tmp_path):
     assert webiree.InferenceSession(tmp_path / "one").variant == "gpu"   # no rule matches: the first
     with pytest.raises(webiree.LimitsError, match="kernel variants need a target of no device class"):
         webiree.compile(model, tmp_path / "x", limits="cpu", variants="gpu,cpu")
-    with pytest.raises(webiree.LimitsError, match="distinct device classes"):
+    with pytest.raises(webiree.LimitsError, match="distinct names among gpu, cpu"):
         webiree.compile(model, tmp_path / "x", variants="gpu,gpu")
+    with pytest.raises(webiree.LimitsError, match=r"distinct names .*not \('gpu', 'cpu-sg3'\)"):
+        webiree.compile(model, tmp_path / "x", variants="gpu,cpu-sg3")
+    with pytest.raises(webiree.LimitsError, match="no device class and no subgroup size; .* with subgroups of 8"):
+        webiree.compile(model, tmp_path / "x", limits={"subgroup_size": 8}, variants="gpu,cpu")
     # the variants must share one schedule and one weights blob: anything else is a compiler bug
     a, b = res.variants["gpu"], res.variants["cpu"]
     b_bad = dataclass_replace(b, weights=b.weights[:-4] + b"\x01\x02\x03\x04")
@@ -144,10 +198,10 @@ def test_dynamic_build_variants(tmp_path):
                        {"w": rng.standard_normal([64, 24]).astype(np.float32)})
     webiree.compile(model, tmp_path / "d", dims={"n": (1, 40)})
     m = read_module((tmp_path / "d" / "model.wrm").read_bytes())
-    assert m.symbols and [v.name for v in m.variants] == ["gpu", "cpu"]
+    assert m.symbols and [v.name for v in m.variants] == DEFAULT
     for n in (5, 33):
         feeds = {"a": rng.standard_normal([n, 64]).astype(np.float32)}
         ref = ort_run(model, feeds)[0]
-        for variant in ("gpu", "cpu"):
+        for variant in ("gpu", "cpu", "cpu-sg8"):
             got = webiree.InferenceSession(tmp_path / "d", variant=variant).run(None, feeds)[0]
             assert_close(got, ref, name=f"y n={n} ({variant})", elementwise=True)

@@ -284,15 +284,16 @@ def test_matches_onnxruntime(pypage, server, sites, name):
 
 
 def test_kernel_variant_picked_by_the_adapter(pypage, server, sites):
-    """A default build's kernel variants under Pyodide: SwiftShader (a fallback adapter) picks
-    'cpu', 'gpu' can be forced, and both match onnxruntime."""
+    """A default build's kernel variants under Pyodide: SwiftShader (a fallback adapter whose
+    subgroups are exactly 4 invocations) picks 'cpu-sg4', 'gpu' can be forced, and both match
+    onnxruntime."""
     model, feeds = sites["small_cnn"]
-    for option, want in ((None, "cpu"), ("gpu", "gpu")):
+    for option, want in ((None, "cpu-sg4"), ("gpu", "gpu")):
         r = py(pypage, RUN_PY, {"url": "../small_cnn/", "feeds": b64_feeds(feeds), "variant": option})
         check_outputs(r, model, feeds)
         assert r["variant"] == want, r
     r = py(pypage, RUN_PY, {"url": "../small_cnn/", "feeds": b64_feeds(feeds), "variant": "tpu"})
-    assert "no kernel variant 'tpu' (it has: gpu, cpu)" in r["error"], r
+    assert "no kernel variant 'tpu' (it has: gpu, cpu, cpu-sg8, cpu-sg4)" in r["error"], r
     assert not pypage.errors
 
 

@@ -186,9 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the target: WebGPU's default limits (runs anywhere, with kernels for GPU- and CPU-class "
                         "adapters both, picked at load; 'gpu' / 'cpu': only that class's kernels) or this "
                         "machine's adapter")
-    b.add_argument("--variants", metavar="gpu,cpu", default=None,
-                   help="the adapter classes whose kernels the build carries (default: gpu,cpu with the default "
-                        "limits, else the target's one set); the runtimes pick one by the adapter at load")
+    b.add_argument("--variants", metavar="gpu,cpu,cpu-sg8", default=None,
+                   help="the kernel variants the build carries: adapter classes gpu / cpu, each optionally with "
+                        "-sg4/-sg8/-sg16 (matmuls broadcasting within subgroups of that size); default: "
+                        "gpu,cpu,cpu-sg8,cpu-sg4 with the default limits, else the target's one set; the "
+                        "runtimes pick one by the adapter at load")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
     b.add_argument("--target", "--targets", dest="target", default=None, metavar="wgsl|spirv|wgsl,spirv",
                    help="shader targets: the first is the module's executable format (default wgsl; spirv "

@@ -145,13 +145,19 @@ def _read_tokenizer(path) -> bytes:
     return raw
 
 
+# What a default build carries: GPU-class kernels, CPU-class ones, and CPU-class ones whose matmuls
+# broadcast within subgroups of 8 (lavapipe on AVX2) or 4 (SwiftShader): picked where the adapter
+# runs exactly such subgroups (docs/performance.md, "Kernels chosen at load").
+DEFAULT_VARIANTS = "gpu,cpu,cpu-sg8,cpu-sg4"
+
+
 def default_variants(target: Target, variants):
-    """The kernel variants a build carries: as given, else GPU- and CPU-class kernels both for a target
-    that names no device class and no subgroup size (the default limits: it may meet any adapter),
-    else one set (the target's)."""
+    """The kernel variants a build carries: as given, else DEFAULT_VARIANTS for a target that names
+    no device class and no subgroup size (the default limits: it may meet any adapter), else one
+    set (the target's)."""
     if variants is not None:
         return variants
-    return "gpu,cpu" if not target.device_class and not target.subgroup_size else None
+    return DEFAULT_VARIANTS if not target.device_class and not target.subgroup_size else None
 
 
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
@@ -163,9 +169,10 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
       build: one module serves every size in it (ir/sym.py, docs/schedule-module.md).
     limits: 'default' (WebGPU defaults; runs anywhere), 'gpu' / 'cpu' (the same limits, one class of
       adapter's kernels), 'adapter', or a dict.
-    variants: the device classes whose kernels the build carries ('gpu,cpu', 'gpu', a list): the
-      runtimes pick one by the adapter when a session starts (docs/schedule-module.md, VARS). None:
-      both for a target naming no device class (the default), else the target's one set.
+    variants: the kernel variants the build carries ('gpu,cpu,cpu-sg8', 'gpu', a list; a device
+      class, optionally '-sgN' for its matmuls broadcasting within subgroups of N): the runtimes
+      pick one by the adapter when a session starts (docs/schedule-module.md, VARS). None:
+      DEFAULT_VARIANTS for a target naming no device class (the default), else the target's one set.
     pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
     targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V: native runtime only) or
       'wgsl,spirv' (a WGSL module); with spirv, shaders/ holds .spv files beside the .wgsl ones.

@@ -87,9 +87,17 @@ def shared_bytes(kernel) -> int:
     return total
 
 
-def _build_kernel(op, prog, lim):
+def _choose(op, prog, lim):
     try:
-        return K.build(op, prog, C.choose(op, prog, lim), lim)
+        return C.choose(op, prog, lim)
+    except SymbolicDimError as e:
+        raise UnsupportedOpError(f"dispatch {op.name} (nodes {op.nodes[:4]}) cannot take a symbolic size yet: {e}",
+                                 hint="pin the dim it depends on (--input-shape, or --dim NAME=N)") from e
+
+
+def _build_kernel(op, prog, lim, cfg=None):
+    try:
+        return K.build(op, prog, C.choose(op, prog, lim) if cfg is None else cfg, lim)
     except SymbolicDimError as e:
         raise UnsupportedOpError(f"dispatch {op.name} (nodes {op.nodes[:4]}) cannot take a symbolic size yet: {e}",
                                  hint="pin the dim it depends on (--input-shape, or --dim NAME=N)") from e
@@ -118,24 +126,36 @@ def parse_targets(targets) -> tuple:
 
 
 VARIANTS = ("gpu", "cpu")     # device classes a build can carry kernels for (Target.device_class)
+SUBGROUP_SIZES = (4, 8, 16)   # 'cpu-sg8': the cpu kernels, matmuls broadcasting within subgroups of 8
+
+
+def variant_target(name: str, target: Target) -> Target:
+    """The target a kernel variant is compiled for: `target`'s limits with the variant's device class
+    and, for a name 'CLASS-sgN', subgroups of exactly N invocations (F.variant_rule says the same)."""
+    cls, _, sg = name.partition("-sg")
+    return dataclasses.replace(target, device_class=cls, subgroup_size=int(sg) if sg else 0)
 
 
 def parse_variants(variants, target: Target) -> tuple:
-    """None | 'gpu,cpu' | a sequence of device classes -> a tuple (empty: one set of kernels, as the
-    target says). Variants are compiled at the target's limits, so it must not name a class itself."""
+    """None | 'gpu,cpu' | a sequence of variant names -> a tuple (empty: one set of kernels, as the
+    target says). A name is a device class, optionally with '-sgN' (the kernels that broadcast within
+    a subgroup of N invocations, picked only on an adapter that runs such subgroups: N in 4, 8, 16).
+    Variants are compiled at the target's limits, so it must name neither a class nor a subgroup size."""
     if variants is None:
         return ()
     if isinstance(variants, str):
         variants = [v.strip() for v in variants.split(",") if v.strip()]
     out = tuple(variants)
-    bad = [v for v in out if v not in VARIANTS]
+    ok = {*VARIANTS, *(f"{c}-sg{n}" for c in VARIANTS for n in SUBGROUP_SIZES)}
+    bad = [v for v in out if v not in ok]
     if bad or not out or len(set(out)) != len(out):
-        raise LimitsError(f"variants must be distinct device classes among {', '.join(VARIANTS)}, not {out}",
-                          hint="e.g. --variants gpu,cpu")
-    if target.device_class:
-        raise LimitsError(f"kernel variants need a target of no device class; this one is for "
-                          f"{target.device_class} adapters",
-                          hint="build with the default limits (or a limits dict without device_class)")
+        raise LimitsError(f"variants must be distinct names among {', '.join(VARIANTS)} (each optionally with "
+                          f"-sg{'/'.join(map(str, SUBGROUP_SIZES))}), not {out}", hint="e.g. --variants gpu,cpu,cpu-sg8")
+    if target.device_class or target.subgroup_size:
+        raise LimitsError(f"kernel variants need a target of no device class and no subgroup size; this one is for "
+                          f"{target.device_class or 'any'} adapters" +
+                          (f" with subgroups of {target.subgroup_size}" if target.subgroup_size else ""),
+                          hint="build with the default limits (or a limits dict without device_class / subgroup_size)")
     return out
 
 
@@ -153,9 +173,11 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
     generation: True or a top-k limit (an int; 0: greedy only) appends the generation head to a
     decoder with a KV cache (compiler/generation.py, module/generation.py), so that runtimes'
     generate() picks each token on the GPU.
-    variants: device classes ('gpu,cpu', see parse_variants) to carry kernels for: the program is
-    compiled once per class at the target's limits and the modules merged (merge_variants); the
-    runtimes pick one by the adapter at load. None: one set of kernels."""
+    variants: kernel variants ('gpu,cpu,cpu-sg8', see parse_variants) to carry: the program goes
+    through the front of the pipeline once (import to memory plan: it depends on the limits only),
+    its kernels are chosen and built per variant (a kernel two variants of one device class choose
+    alike is built once) and the modules merged (merge_variants); the runtimes pick one by the
+    adapter at load. None: one set of kernels."""
     stage = ["import"]
     targets = parse_targets(targets)
     target = Target.resolve(target)
@@ -164,8 +186,10 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
         if not names:
             return _compile(stage, model, input_shapes, target, validate, dump_after, targets, dims, generation)
         validate = _once(validate)
-        results = [_compile(stage, model, input_shapes, dataclasses.replace(target, device_class=n), validate,
-                            dump_after, targets, dims, generation) for n in names]
+        front = _front(stage, model, input_shapes, target, dump_after, targets, dims, generation)
+        cache: dict = {}
+        results = [_back(stage, front, variant_target(n, target), validate, dump_after, targets, cache)
+                   for n in names]
         stage[0] = "variants"
         return merge_variants(names, results)
     except WebireeError:
@@ -176,8 +200,24 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
                                "(webiree --debug shows the traceback)") from e
 
 
+@dataclass
+class _Front:
+    """What the front of the pipeline makes (import -> memory plan): it depends on the target's
+    limits only, so the kernel variants of one build share it."""
+    prog: object
+    plan: memory.MemoryPlan
+    graph: object
+    dumps: dict
+    top_k: object
+
+
 def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",),
              dims=None, generation=None) -> CompileResult:
+    front = _front(stage, model, input_shapes, target, dump_after, targets, dims, generation)
+    return _back(stage, front, target, validate, dump_after, targets)
+
+
+def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims, generation) -> _Front:
     lim = target.as_limits()
     dumps = {}
     top_k = head_top_k(generation)
@@ -208,25 +248,45 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     if "memory" in dump_after:
         dumps["memory"] = plan.summary() + "\n" + "\n".join(
             f"  {n:<40} buffer {p.buffer} offset {p.offset} size {p.size}" for n, p in plan.placement.items())
+    return _Front(prog, plan, graph, dumps, top_k)
 
+
+def _back(stage, front: _Front, target: Target, validate, dump_after, targets, cache=None) -> CompileResult:
+    """Kernels, their code and the schedule for one device class (and subgroup size). `cache`, shared
+    by the variants of one build, maps (op index, device class, kernel config) to the rendered
+    kernel, so a variant that chooses the same config for a dispatch as another reuses its kernel."""
+    prog, plan, lim = front.prog, front.plan, target.as_limits()
+    dumps = dict(front.dumps)
     stage[0] = "kernels"
-    dispatches = [_build_kernel(op, prog, lim) for op in prog.ops]
+    cache = {} if cache is None else cache
+    dispatches, rendered = [], []
+    for i, op in enumerate(prog.ops):
+        cfg = _choose(op, prog, lim)
+        key = (i, target.device_class, repr(cfg.as_dict()))
+        if key not in cache:
+            d = _build_kernel(op, prog, lim, cfg)
+            text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
+            spv = None
+            if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
+                from ..wgsl_codegen import spirv
+                spv = spirv.emit(legalize(d.kernel, spirv.SUPPORTS))
+            cache[key] = (d, text, spv)
+        dispatches.append(cache[key][0])
+        rendered.append(cache[key][1:])
     check_dispatch_limits(dispatches, lim)
     sources: dict[str, int] = {}
-    executables, shaders, exec_of, spv = [], [], [], []
-    for d in dispatches:
-        text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
+    executables, shaders, exec_of, spv_files = [], [], [], []
+    for d, (text, spv_code) in zip(dispatches, rendered):
         # the first line names the kernel; identical bodies share one executable
         body = text.split("\n", 1)[1]
         if body not in sources:
             sources[body] = len(executables)
             fname = _file_name(len(executables), d.name)
             code = text.encode("utf-8")
-            if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
-                from ..wgsl_codegen import spirv
-                spv.append((fname[:-len(".wgsl")] + ".spv", spirv.emit(legalize(d.kernel, spirv.SUPPORTS))))
+            if spv_code is not None:
+                spv_files.append((fname[:-len(".wgsl")] + ".spv", spv_code))
                 if targets[0] == "spirv":
-                    code = spv[-1][1]
+                    code = spv_code
             executables.append(F.Executable(d.name, targets[0], code, "main", d.kernel.workgroup_size,
                                             [(b.slot, F.BIND_UNIFORM if b.uniform else int(b.writes))
                                              for b in d.kernel.bindings]))
@@ -235,16 +295,16 @@ def _compile(stage, model, input_shapes, target: Target, validate, dump_after, t
     if validate:
         for ex, (fname, text) in zip(executables, shaders):
             validate(ex.name, "wgsl", text)
-        for ex, (fname, code) in zip(executables, spv):
+        for ex, (fname, code) in zip(executables, spv_files):
             validate(ex.name, "spirv", code)
     if "kernels" in dump_after:
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
 
     stage[0] = "schedule"
     module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
-    if top_k is not None:
-        module.info[TOP_K_INFO] = top_k
-    return CompileResult(module, blob, shaders, dispatches, plan, prog, graph, lim, dumps, spv)
+    if front.top_k is not None:
+        module.info[TOP_K_INFO] = front.top_k
+    return CompileResult(module, blob, shaders, dispatches, plan, prog, front.graph, lim, dumps, spv_files)
 
 
 def _precision(op, prog) -> str:
@@ -285,7 +345,7 @@ def merge_variants(names, results) -> CompileResult:
     on the weights blob, buffers, inputs, outputs and symbols: a difference is a CompilerBug."""
     base = results[0]
     m0 = base.module
-    limits = dict(m0.limits)
+    limits = {k: v for k, v in m0.limits.items() if k != "subgroup_size"}
     for name, r in zip(names[1:], results[1:]):
         m = r.module
         for what, a, b in (("weights blob", r.weights, base.weights), ("buffers", m.buffers, m0.buffers),
@@ -295,8 +355,8 @@ def merge_variants(names, results) -> CompileResult:
             if a != b:
                 raise CompilerBug(f"the {name} kernel variant's {what} differ from the {names[0]} variant's",
                                   hint="variants share one schedule and weights.bin; please report this")
-        for k, v in m.limits.items():   # equal limits; a subgroup size only one variant relies on is kept
-            if limits.setdefault(k, v) != v:
+        for k, v in m.limits.items():   # equal limits; a variant's subgroup size is its rule's
+            if k != "subgroup_size" and limits.setdefault(k, v) != v:
                 raise CompilerBug(f"the {name} kernel variant needs {k} = {v}, the {names[0]} variant {limits[k]}")
     executables, shaders, spirv, index, variants = [], [], [], {}, []
     for name, r in zip(names, results):
@@ -316,7 +376,10 @@ def merge_variants(names, results) -> CompileResult:
         commands = [(c[0], remap[c[1]], *c[2:]) if c[0] in (F.OP_DISPATCH, F.OP_DISPATCH_DYN) else c
                     for c in r.module.commands]
         dispatches = [{**d, "exec": remap[d["exec"]]} for d in r.module.info["dispatches"]]
-        variants.append(F.Variant(name, F.RULES[name], commands, r.module.registers, {"dispatches": dispatches}))
+        cls = name.partition("-sg")[0]
+        if any(v.name.partition("-sg")[0] == cls and v.commands == commands for v in variants):
+            continue    # a subgroup variant that uses no subgroups is its class's variant: not carried
+        variants.append(F.Variant(name, F.variant_rule(name), commands, r.module.registers, {"dispatches": dispatches}))
     info = {**m0.info, "dispatches": variants[0].info["dispatches"],
             "variants": {v.name: {"rule": v.rule, **v.info} for v in variants}}
     module = F.Module(executables, m0.buffers, m0.inputs, m0.outputs, variants[0].commands, limits, info,
@@ -324,8 +387,9 @@ def merge_variants(names, results) -> CompileResult:
     dumps = dict(base.dumps)
     if "kernels" in dumps:
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
+    kept = {v.name for v in variants}
     return CompileResult(module, base.weights, shaders, base.dispatches, base.plan, base.program, base.graph,
-                         base.limits, dumps, spirv, dict(zip(names, results)))
+                         base.limits, dumps, spirv, {n: r for n, r in zip(names, results) if n in kept})
 
 
 def _weights_by_form(prog, plan) -> dict:
