@@ -8,7 +8,7 @@ Usage::
 For each seed model (tests/.data/seed/NAME.onnx with NAME.inputs.npz and NAME.ref.npz) three builds:
 
 - `default`: `webiree build` with no --limits: GPU- and CPU-class kernel variants, the session
-  picking by the adapter (lavapipe: 'cpu');
+  picking by the adapter (lavapipe: 'cpu-sg8', the CPU-class kernels with its subgroup size);
 - `adapter`: `--limits adapter`, tuned for this adapter (its limits, its subgroup size);
 - `gpu`: `--limits gpu`, the GPU-class kernels alone: what a default build ran before variants.
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         for build, r in row.items():
             r["median_ms"] = statistics.median(r["times"])
             r["vs_adapter"] = r["median_ms"] / base
-            print(f"  {build:<8} variant {r['variant'] or '-':<4} {r['median_ms']:>9.1f} ms  {r['vs_adapter']:5.2f}x "
+            print(f"  {build:<8} variant {r['variant'] or '-':<8} {r['median_ms']:>9.1f} ms  {r['vs_adapter']:5.2f}x "
                   f"adapter  (rel. err {r['rel_err']:.1e}; {r['executables']} of the module's "
                   f"{r['module_executables']} executables; built {r['build_s']} s, loaded {r['load_s']} s; "
                   f"{len(r['times'])} runs)")
