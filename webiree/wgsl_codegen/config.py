@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import CompilerBug
+from ..errors import CompilerBug, LimitsError
 from ..ir.sym import Dim, typical
 from ..ir import kir
 from ..ir import program as P
@@ -146,14 +146,42 @@ def _direct(op: P.Conv, limits: dict):
                         S.DIRECT)
 
 
+# Loop iterations one invocation may run, all its loops together: llvmpipe (lavapipe, and Dawn's
+# OpenGL ES backend over it) ends every loop of an invocation once 65,535 back-edges have been
+# taken in all (gallivm's loop limiter, LP_MAX_TGSI_LOOP_ITERATIONS), silently, so a kernel past
+# it computes wrong values. Row kernels pass over a row up to _row_passes times.
+SERIAL_LOOP_ITERATIONS = 65535
+
+
+def _row_passes(op) -> int:
+    """How often a row kernel loops over its row: softmax max, sum, write; layernorm up to three;
+    a reduction once (logsumexp twice: max, then the sum)."""
+    if isinstance(op, P.Reduce):
+        return 2 if op.mode == "logsumexp" else 1
+    return 3
+
+
 def _row_per_invocation(op, limits: dict):
-    # one row per invocation of a SIMD-wide workgroup: no barriers (a coroutine switch on lavapipe)
+    # one row per invocation of a SIMD-wide workgroup: no barriers (a coroutine switch on lavapipe);
+    # a row too long for one invocation's loops goes to the workgroup tree
+    if _row_passes(op) * op.r > SERIAL_LOOP_ITERATIONS:
+        return None
     return KernelConfig((8, 1, 1), (), 1, S.ROW_PER_INVOCATION)
 
 
 def _workgroup_tree(op, limits: dict):
+    # 64 invocations a row, more where each would otherwise loop past SERIAL_LOOP_ITERATIONS
     inv = limits["max_compute_invocations_per_workgroup"]
-    return KernelConfig((_pow2_at_most(max(op.r, 1), min(64, inv)), 1, 1), (), 1, S.WORKGROUP_TREE)
+    want = 64
+    while want < inv and _row_passes(op) * -(-op.r // want) > SERIAL_LOOP_ITERATIONS:
+        want *= 2
+    passes = _row_passes(op)
+    if passes * -(-op.r // min(want, inv)) > SERIAL_LOOP_ITERATIONS:
+        most = min(want, inv) * (SERIAL_LOOP_ITERATIONS // passes)
+        raise LimitsError(f"{op.name} reduces rows of {op.r:,} elements; webiree's one-dispatch reductions take at "
+                          f"most {most:,} ({min(want, inv)} invocations of at most {SERIAL_LOOP_ITERATIONS:,} loop "
+                          f"iterations each, llvmpipe's limit)", hint="reduce in steps (reshape the row and reduce twice)")
+    return KernelConfig((_pow2_at_most(max(op.r, 1), min(want, inv)), 1, 1), (), 1, S.WORKGROUP_TREE)
 
 
 def _one_per_output(strategy):
@@ -170,7 +198,7 @@ PLANNERS = {
 
 # op kind -> device class -> strategies, most preferred first. An adapter of unknown class
 # (the default target) gets the GPU kernels.
-_ROWS = {"cpu": (S.ROW_PER_INVOCATION,), "gpu": (S.WORKGROUP_TREE,)}
+_ROWS = {"cpu": (S.ROW_PER_INVOCATION, S.WORKGROUP_TREE), "gpu": (S.WORKGROUP_TREE,)}
 TABLE = {
     P.MatMul: {"cpu": (S.SUBGROUP_BROADCAST, S.REGISTER_BLOCKED),
                "gpu": (S.SPLIT_K, S.TILED_SHARED_VEC4, S.TILED_SHARED)},
