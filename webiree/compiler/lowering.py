@@ -317,6 +317,27 @@ def widens(args: list, values: list, op: str = "") -> bool:
     return out >= floor and out > sum(packing.narrow_bytes(a) for a in args if a is not None)
 
 
+FILL_MIN_ELEMENTS = WIDEN_MIN_BYTES // 4    # a fill this large is computed where it is read, not folded
+
+
+def is_large_fill(node: Node, args: list) -> bool:
+    """Whether `node` fills a tensor of FILL_MIN_ELEMENTS or more with one value: a ConstantOfShape,
+    or an Expand of a one-element constant (onnx's light zoo graphs make every weight so, VGG-19's
+    fc6 411 MB). Such a node is not folded (nor refused as too large to fold): its handler makes it
+    an expression that the kernels reading it compute, so the build neither allocates it nor ships
+    it in weights.bin."""
+    if node.op == "ConstantOfShape" and args and args[0] is not None:
+        shape = np.asarray(args[0]).reshape(-1)
+    elif node.op == "Expand" and len(args) == 2 and args[0] is not None and args[0].size == 1 \
+            and args[1] is not None:
+        shape = np.asarray(args[1]).reshape(-1)
+    else:
+        return False
+    if shape.dtype.kind not in "iu" or (shape < 0).any():
+        return False
+    return int(np.prod(shape.astype(object), initial=1)) >= FILL_MIN_ELEMENTS
+
+
 def fold_node(node: Node, values: list, opset: int, domain: str = "") -> list[np.ndarray]:
     """Evaluate one node on constant inputs with onnx's reference evaluator."""
     from onnx.reference import ReferenceEvaluator
@@ -400,7 +421,7 @@ def _lower(ctx, graph, registry) -> Program:
                         ctx.set_const(o, v)
                     continue
                 all_const = False      # a kernel computes it (its handler reads the values from the dims)
-            if all_const and node.op not in NONDETERMINISTIC \
+            if all_const and node.op not in NONDETERMINISTIC and not is_large_fill(node, args) \
                     and node.domain != "webiree":     # webiree's own internal ops are lowered by their handlers
                 check_fold_size(node, args, ctx.opset, graph.types)
                 try:

@@ -406,7 +406,8 @@ def range_op(ctx, node):
 
 @register("ConstantOfShape")
 def constant_of_shape(ctx, node):
-    """ConstantOfShape whose shape is computed from symbolic dims (a fixed shape folds)."""
+    """ConstantOfShape whose shape is computed from symbolic dims, or a large fill (a small fixed
+    one folds: lowering.is_large_fill)."""
     shape = required_ints(ctx, node, 0, "ConstantOfShape's shape must be computed from the input shapes")
     value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
