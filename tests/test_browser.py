@@ -625,3 +625,30 @@ def test_pipeline_timeout_is_about_progress(page, server, sites):
     hung = evaluate(page, PIPELINE_DELAY_JS, {**args, "delayMs": -1, "timeoutMs": 1500})
     assert hung["kind"] == "device", hung
     assert f"no pipeline finished compiling for 1500 ms (0 of {n} ready)" in hung["error"]
+
+
+@pytest.mark.slow
+def test_vgg19_of_the_light_zoo(page, server, sites):
+    """onnx's light VGG-19 (575 MB of weights, every one a ConstantOfShape fill; fc6 alone 411 MB,
+    above WebGPU's default maxBufferSize): the fills are computed where they are read
+    (compiler/lowering.py is_large_fill), so the site ships a 66 KB weights.bin, and the page's
+    probabilities and logits match onnxruntime's. CPU kernels alone (limits="cpu") keep
+    SwiftShader's pipeline compilation short; the variants are tested above."""
+    import onnx
+
+    from .test_light_zoo import LIGHT, _with_logits
+
+    model = _with_logits(onnx.load(LIGHT / "light_vgg19.onnx"))
+    res = webiree.compile(model, sites[0] / "vgg19", limits="cpu")
+    assert res.manifest["sizes"]["weights_bytes"] < 1 << 20
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+    inits = {i.name for i in model.graph.initializer}
+    (inp,) = [i.name for i in model.graph.input if i.name not in inits]
+    feeds = {inp: x}
+    ref = dict(zip([o.name for o in model.graph.output], ort_run(model, feeds), strict=True))
+    r = run_site(page, server, "vgg19", feeds, timeout_s=240, options={"timeoutMs": 200_000})
+    check_no_error(r)
+    got = decode_outputs(r)
+    assert sorted(got) == sorted(ref) and len(got) == 2, (list(got), list(ref))
+    for k in ref:
+        assert_close(got[k], ref[k], 1e-4, f"vgg19:{k}")
