@@ -27,15 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("WEBIREE_SEED_DIR", ROOT / "tests" / ".data" / "seed"))
 IREE_DISPATCHES = {"mobilenet_v2": 55, "deeplabv3": 58, "minilm": 103, "mobilebert": 513}
 
-# sha256 of each model's outputs (default build, the exported seed inputs) on the CI adapter,
-# recorded before the re-layering of issue #15: a refactor that claims to change no behaviour
-# must reproduce them bit for bit. Another adapter computes other bits; record its own then.
+# sha256 of each model's outputs (default build's GPU kernels, the exported seed inputs) on the CI
+# adapter, recorded before the re-layering of issue #15: a refactor that claims to change no behaviour
+# must reproduce them bit for bit. The bits also depend on the host under the adapter: the same commit
+# (d963e9a, where they were recorded) computes other bits for the CNNs on the hosts of 2 Dec 2026
+# (Intel Xeon with AVX-512, CI's too), where the seed export or llvmpipe's JIT differs; each host's
+# digests are accepted, and a change of the code's bits on either fails. Another adapter computes
+# other bits; record its own then.
 OUTPUT_HASHES = {
     "llvmpipe (LLVM 15.0.6, 256 bits)": {
-        "mobilenet_v2": "bc664c7946409f445c224ccb4e7b9b491cfc52cafef3167b707503e13f7fbae6",
-        "deeplabv3": "8ee5a5deb179ccd43581c07946d05b03b0b4ae8a591d6beceb1bd9c3c67d3b10",
-        "minilm": "b5bb1425806bd0fafe1c3d7b508bd4b5ab44448ae04df22e4ee543033bb3b211",
-        "mobilebert": "565192d3d04382688e68b92041c77a08445a8daf9e35357a4a98014851a1c96c",
+        "mobilenet_v2": ("bc664c7946409f445c224ccb4e7b9b491cfc52cafef3167b707503e13f7fbae6",
+                         "48edc3855fcdb3ed2f123b54c80c63b604cd3873dcba1cdf48c8c1745cf91b5c"),
+        "deeplabv3": ("8ee5a5deb179ccd43581c07946d05b03b0b4ae8a591d6beceb1bd9c3c67d3b10",
+                      "5838ce5751ed5741fc2988748c2a084a04ded3a22ae9f49dcd4c935f77745a0e"),
+        "minilm": ("b5bb1425806bd0fafe1c3d7b508bd4b5ab44448ae04df22e4ee543033bb3b211",),
+        "mobilebert": ("565192d3d04382688e68b92041c77a08445a8daf9e35357a4a98014851a1c96c",),
     },
 }
 
@@ -81,7 +87,8 @@ def test_seed_model(name, seed_dir, tmp_path, capsys):
 
     adapter = adapter_info().get("device", "?")
     assert adapter in OUTPUT_HASHES, f"no output hashes recorded for adapter {adapter!r} (see OUTPUT_HASHES)"
-    assert digests["gpu"] == OUTPUT_HASHES[adapter][name], f"{name}: the outputs' bits changed on {adapter}"
+    assert digests["gpu"] in OUTPUT_HASHES[adapter][name], \
+        f"{name}: the outputs' bits changed on {adapter}: {digests['gpu']} is none of the recorded ones"
     m = res.manifest
     with capsys.disabled():
         print(f"\n[seed] {name}: {m['dispatches']} dispatches (IREE 3.13: {IREE_DISPATCHES[name]}), "
