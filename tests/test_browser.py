@@ -549,8 +549,9 @@ def test_runtime_is_tiny():
     web = Path(webiree.__file__).resolve().parents[1] / "web"
     gz = len(gzip.compress((web / "webiree.js").read_bytes(), 9))
     # 16 KiB until it ran dynamic modules (symbols, registers, bind_dims' feed checks): about 2 KiB more;
-    # token-by-token generation (its checks and step loop, docs/generation.md): about 2.7 KiB more
-    assert gz < 21 * 1024, f"webiree.js is {gz} bytes gzipped"
+    # token-by-token generation (its checks and step loop, docs/generation.md): about 2.7 KiB more;
+    # kernel variants chosen at load (VARS rules of several conditions, the subgroup probe): 0.3 KiB more
+    assert gz < 22 * 1024, f"webiree.js is {gz} bytes gzipped"
 
 
 def test_module_with_subgroup_kernels(page, server, sites):
