@@ -653,3 +653,25 @@ def test_vgg19_of_the_light_zoo(page, server, sites):
     assert sorted(got) == sorted(ref) and len(got) == 2, (list(got), list(ref))
     for k in ref:
         assert_close(got[k], ref[k], 1e-4, f"vgg19:{k}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["parts_of_300kb", "parts_of_139mb"])
+def test_a_constant_larger_than_a_binding_in_chromium(page, server, sites, case):
+    """A token embedding over the binding limit (compiler/passes.py split_large_constants) read in
+    parts by Gather, MatMul and Gemm: a 300 KB one under a 128 KiB limit (three parts), and one of
+    139 MB under Chromium's default 128 MiB (two parts, a 139 MB weights.bin streamed to the page)."""
+    from .test_large_tensors import SMALL_BINDING, _feeds, _parts, tied_lm
+
+    vocab, dim, seq, small = (1200, 64, 8, True) if case == "parts_of_300kb" else (34000, 1024, 4, False)
+    model = tied_lm(vocab, dim, seq=seq, transpose=small)
+    res = webiree.compile(model, sites[0] / case, limits=SMALL_BINDING if small else "cpu")
+    assert _parts(res), "no constant was cut into parts"
+    feeds = _feeds(vocab, seq=seq)
+    ref = dict(zip([o.name for o in model.graph.output], ort_run(model, feeds), strict=True))
+    r = run_site(page, server, case, feeds, timeout_s=240, options={"timeoutMs": 200_000})
+    check_no_error(r)
+    got = decode_outputs(r)
+    assert sorted(got) == sorted(ref) and len(got) == (3 if small else 2), (list(got), list(ref))
+    for k in ref:
+        assert_close(got[k], ref[k], name=f"{case}:{k}", elementwise=True)

@@ -235,6 +235,7 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     passes.sink_zero_pads(prog)
     passes.fold_pad_into_conv(prog)
     passes.dce(prog)
+    passes.split_large_constants(prog, lim["max_storage_buffer_binding_size"])
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()
     stage[0] = "fuse"

@@ -24,6 +24,14 @@ Fusion has three rules, applied in order:
 
 No rule may exceed the number of storage buffers one kernel can bind.
 
+`split_large_constants` runs before fusion: a constant larger than one binding
+(`maxStorageBufferBindingSize`, 128 MiB by default: GPT-2's token embedding,
+VGG's fc6) is cut into parts along its first axis, each a constant of its own.
+A Generic op reading it (Gather, elementwise) selects the part by the flat
+index; a MatMul reading it as B becomes one MatMul per part of B's columns and
+a Generic op that concatenates their outputs. A constant read any other way
+stays whole, and the memory planner refuses it naming the limit.
+
 `pack_constants` runs last: each constant is given the narrow storage form
 that holds its values exactly (weights keep the size they were shipped in).
 """
@@ -32,8 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..ir import kir, packing
-from ..ir.program import O, Anchor, Conv, Generic, Program
+from ..ir.program import O, Anchor, Conv, Generic, MatMul, Program, Tensor
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
 PROLOGUE_COST = 24  # a producer this cheap may be recomputed inside an anchor's input loads
@@ -300,6 +310,105 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             prog.ops.remove(p)
             readers = _readers(prog)
     return prog
+
+
+def split_large_constants(prog: Program, max_binding: int) -> Program:
+    """Cut each constant whose stored form exceeds `max_binding` bytes into parts along its first
+    axis, where every reader can read parts (see the module docstring); returns `prog`."""
+    readers = _readers(prog)
+    outputs = {prog.root(o) for o in prog.outputs}
+    for name, t in list(prog.tensors.items()):
+        if t.kind != "const" or t.data is None or t.alias_of is not None or name in outputs:
+            continue
+        data = t.data
+        if data.ndim == 0 or 4 * data.size <= max_binding:
+            continue
+        stored = packing.narrow_bytes(data)     # an int8 or f16 weight is stored narrow (pack_constants)
+        if stored <= max_binding:
+            continue
+        ops = readers.get(name, [])
+        if not ops or not all(_can_read_parts(op, name, data.size) for op in ops):
+            continue
+        per_elem = stored / data.size
+        flat_parts: dict[tuple, str] = {}    # (first, end) flat element range -> its constant
+
+        def add_part(chunk: np.ndarray) -> str:
+            pname = f"{name}:part{sum(1 for n in prog.tensors if n.startswith(name + ':part'))}"
+            prog.tensors[pname] = Tensor(pname, chunk.shape, t.dtype, kind="const", data=chunk)
+            return pname
+
+        def part(first: int, end: int) -> str:
+            if (first, end) not in flat_parts:
+                flat_parts[(first, end)] = add_part(data.reshape(-1)[first:end])
+            return flat_parts[(first, end)]
+
+        for op in ops:
+            if isinstance(op, Generic):
+                row = data.size // data.shape[0]
+                ranges = _ranges(data.shape[0], row, per_elem, max_binding, name)
+                op.expr = kir.substitute(op.expr, {"__fn__": lambda n: _part_load(n, name, ranges, row, part)})
+            else:
+                _split_matmul(prog, op, data, per_elem, max_binding, part, add_part)
+    return dce(prog)
+
+
+def _can_read_parts(op, name: str, size: int) -> bool:
+    if isinstance(op, Generic):
+        return True
+    # B of a plain 2-D matmul (Gemm, a linear layer, a tied LM head), not also its A
+    return (isinstance(op, MatMul) and op.b == name and op.a != name and not op.b_batch
+            and op.n * op.k == size and not op.prologues and op.epilogue is None)
+
+
+def _ranges(rows: int, row_elems: int, per_elem: float, max_binding: int, name: str) -> list[tuple[int, int]]:
+    """Rows [first, end) of each part: as many whole rows as one binding holds."""
+    from ..errors import LimitsError
+
+    per_part = int(max_binding // (row_elems * per_elem))
+    if per_part < 1:
+        raise LimitsError(f"constant {name!r}: one row of its first axis ({row_elems:,} values) is larger than "
+                          f"one binding (maxStorageBufferBindingSize {max_binding:,} bytes)",
+                          hint="build for an adapter with a larger binding limit (--limits adapter)")
+    return [(r, min(r + per_part, rows)) for r in range(0, rows, per_part)]
+
+
+def _part_load(n, name, ranges, row, part):
+    """A load of constant `name` at a flat index, as a select among the loads of its parts."""
+    if n.op != "load" or n.attr != name:
+        return None
+    i = n.args[0]
+    value = None
+    for first, end in reversed(ranges):
+        lo, hi = first * row, end * row
+        here = kir.load(part(lo, hi), kir.clamp(i - lo, 0, hi - lo - 1), n.dtype)
+        value = here if value is None else kir.select(i < hi, here, value)
+    return value
+
+
+def _split_matmul(prog, op: MatMul, data, per_elem, max_binding, part, add_part):
+    """One MatMul per part of B's N columns, then a Generic op writing their outputs side by side."""
+    n, k = op.n, op.k
+    ranges = _ranges(n, k, per_elem, max_binding, op.b)
+    if op.trans_b:      # B stored [N, K]: a part is a range of rows, a flat range of the constant
+        bs = [part(a * k, e * k) for a, e in ranges]
+    else:               # B stored [K, N]: a part is a range of columns, copied out contiguous
+        bs = [add_part(np.ascontiguousarray(data.reshape(k, n)[:, a:e])) for a, e in ranges]
+    out_t = prog.tensors[op.out]
+    at = prog.ops.index(op)
+    new_ops, outs = [], []
+    for j, ((a, e), b) in enumerate(zip(ranges, bs)):
+        oname = f"{op.out}:cols{j}"
+        prog.tensors[oname] = Tensor(oname, tuple(out_t.shape[:-1]) + (e - a,), out_t.dtype)
+        new_ops.append(dataclasses.replace(op, name=f"{op.name}:cols{j}", out=oname, b=b, n=e - a,
+                                           prologues={}, epilogue=None))
+        outs.append((a, e, oname))
+    col, row = O % n, O // n
+    value = None
+    for a, e, oname in reversed(outs):
+        here = kir.load(oname, row * (e - a) + kir.clamp(col - a, 0, e - a - 1), out_t.dtype)
+        value = here if value is None else kir.select(col < e, here, value)
+    new_ops.append(Generic(name=f"{op.name}:concat", out=op.out, nodes=list(op.nodes), expr=value))
+    prog.ops[at:at + 1] = new_ops
 
 
 def pack_constants(prog: Program) -> Program:
