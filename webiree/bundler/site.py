@@ -50,9 +50,10 @@ def sha256_tag(data: bytes) -> str:
     return "sha256-" + hashlib.sha256(data).hexdigest()
 
 
-def weight_ranges(module, weights: bytes) -> list[dict]:
+def weight_ranges(module, weights) -> list[dict]:
     """weights.bin cut at the start of every weight page: contiguous ranges covering the whole
     file (padding goes with the page before it), each with its SHA-256."""
+    weights = memoryview(weights)
     cuts = sorted({0, len(weights)} | {b.blob_offset for b in module.buffers
                                        if b.kind == "weights" and b.size and b.blob_offset < len(weights)})
     return [{"offset": a, "size": b - a, "sha256": sha256_tag(weights[a:b])} for a, b in zip(cuts, cuts[1:])]
@@ -91,7 +92,7 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer
         "sizes": {"module_bytes": len(module_bytes), "weights_bytes": len(result.weights),
                   "arena_bytes": result.plan.arena_peak},
         "hashes": {"module": sha256_tag(module_bytes), "weights": sha256_tag(result.weights)},
-        "weight_pages": weight_ranges(m, bytes(result.weights)),
+        "weight_pages": weight_ranges(m, result.weights),
         "dispatches": len(result.dispatches),
         "executables": len(m.executables),
         "variants": variant_counts(m),

@@ -32,7 +32,8 @@ from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
 from . import memory, passes
 from .generation import add_generation_head, head_top_k, vocab_top_k
-from .importer import import_model, load_model_proto
+from .importer import import_model, open_model
+from ..ir.mapped import release
 from ..module.generation import TOP_K_INFO
 from .lowering import lower
 from .registers import Registers
@@ -209,6 +210,8 @@ class _Front:
     graph: object
     dumps: dict
     top_k: object
+    weights: bytearray | None = None    # weights_blob's, made by the first _back
+    page_offset: dict | None = None
 
 
 def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",),
@@ -221,10 +224,12 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     lim = target.as_limits()
     dumps = {}
     top_k = head_top_k(generation)
+    proto, base = open_model(model)     # a file's weights stay in it (compiler/onnx_file.py)
     if top_k is not None:
-        model = add_generation_head(load_model_proto(model), top_k)
-        top_k = vocab_top_k(model)
-    graph = import_model(model, input_shapes, dims)
+        proto = add_generation_head(proto, top_k)
+        top_k = vocab_top_k(proto)
+    graph = import_model(proto, input_shapes, dims, base=base)
+    del proto
     if "import" in dump_after:
         dumps["import"] = graph.summary()
     stage[0] = "lower"
@@ -302,7 +307,10 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
 
     stage[0] = "schedule"
-    module, blob = _schedule(prog, plan, dispatches, exec_of, executables, lim)
+    if front.weights is None:
+        front.weights, front.page_offset = weights_blob(prog, plan)
+    module = _schedule(prog, plan, dispatches, exec_of, executables, lim, front.page_offset)
+    blob = front.weights
     if front.top_k is not None:
         module.info[TOP_K_INFO] = front.top_k
     return CompileResult(module, blob, shaders, dispatches, plan, prog, front.graph, lim, dumps, spv_files)
@@ -403,8 +411,10 @@ def _weights_by_form(prog, plan) -> dict:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _schedule(prog, plan, dispatches, exec_of, executables, lim):
-    # weights blob: pages one after another, each 256-aligned in the file
+def weights_blob(prog, plan) -> tuple[bytearray, dict]:
+    """weights.bin: the weight pages one after another, each 256-aligned in the file, and each
+    page's offset in it. Made once per build (the front's), whatever the number of kernel variants;
+    a bytearray, not copied into bytes (the blob of a 650 MB model is 650 MB)."""
     pages = [i for i, b in enumerate(plan.buffers) if b.kind == "weights"]
     page_offset, pos = {}, 0
     for i in pages:
@@ -414,9 +424,13 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
     blob = bytearray(pos)
     for name, page, off in plan.weights:
         t = prog.tensors[name]
-        raw = packing.encode(t.data, t.pack)
         start = page_offset[page] + off
-        blob[start:start + len(raw)] = raw
+        packing.encode_into(t.data, t.pack, memoryview(blob)[start:start + packing.stored_bytes(t.data, t.pack)])
+        release(t.data)
+    return blob, page_offset
+
+
+def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
     buffers = [F.BufferInfo(b.kind, b.size, page_offset.get(i, 0), b.name) for i, b in enumerate(plan.buffers)]
 
     regs = Registers(prog.symbols, [(i, prog.tensors[n].shape) for i, n in enumerate(prog.inputs)]) \
@@ -469,4 +483,4 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim):
     if not any(kir.uses_subgroups(d.kernel) for d in dispatches):
         limits.pop("subgroup_size", None)    # recorded only where a kernel relies on it
     return F.Module(executables, buffers, inputs, outputs, commands, limits, info,
-                    regs.count if regs is not None else 0, symbols), bytes(blob)
+                    regs.count if regs is not None else 0, symbols)

@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import ModelError, ShapeError
+from . import onnx_file
 from ..ir.sym import Dim, symbol
 from .graph import Graph, Node, TensorType
 
@@ -54,6 +55,47 @@ def load_model_proto(model) -> onnx.ModelProto:
         raise ModelError(f"cannot load the external data of {path.name}: {e}",
                          hint="keep the .data file(s) beside the model, as exported") from None
     return proto
+
+
+def open_model(model) -> tuple[onnx.ModelProto, Path | None]:
+    """What the compiler imports: a file's ModelProto holding no large weights (onnx_file.open_model:
+    they stay in the file, and in its external data files, until tensor_array maps them) and the
+    folder they are found in; bytes or a ModelProto as load_model_proto gives them (no folder)."""
+    if isinstance(model, (onnx.ModelProto, bytes, bytearray, memoryview)):
+        return load_model_proto(model), None
+    path = Path(os.fspath(model))
+    if not path.exists():
+        raise ModelError(f"no such file: {path}", hint="check the path of the .onnx model")
+    if path.is_dir():
+        raise ModelError(f"{path} is a folder, not an ONNX file", hint="give the path of a .onnx file")
+    try:
+        proto = onnx_file.open_model(path)
+    except Exception as e:
+        raise ModelError(f"{path.name} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})",
+                         hint="the file must be a serialized onnx.ModelProto") from None
+    _check_external(proto, path.parent)
+    for t in proto.graph.initializer:   # small external tensors inline: shape inference reads their values
+        if t.data_location == onnx.TensorProto.EXTERNAL and _nbytes(t) < onnx_file.OFFLOAD_MIN_BYTES:
+            a = tensor_array(t, path.parent)
+            t.raw_data = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    return proto, path.parent
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:   # UNDEFINED, or a type numpy has no dtype for
+        return 0
+    return 0 if t.data_type == onnx.TensorProto.STRING else int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+def tensor_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
+    """An initializer's values: mapped from its file when it keeps them there (open_model)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL and base is not None:
+        return onnx_file.tensor_array(t, base)
+    return numpy_helper.to_array(t)
 
 
 def _check_external(proto: onnx.ModelProto, base: Path | None):
@@ -204,21 +246,56 @@ def _as_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def import_model(model, input_shapes: dict | None = None, dims: dict | None = None) -> Graph:
+def import_model(model, input_shapes: dict | None = None, dims: dict | None = None,
+                 base: Path | None = None) -> Graph:
     """The graph IR of `model`. A ModelProto passed in is left as it was: the input shapes this
-    writes while resolving dims are put back (a build of several kernel variants imports it again)."""
-    proto = sort_nodes(load_model_proto(model))
+    writes while resolving dims are put back (a build of several kernel variants imports it again).
+    base: the folder of the file an open_model proto came from (its weights are mapped from there)."""
+    if not isinstance(model, onnx.ModelProto):
+        model, base = open_model(model)
+    proto = sort_nodes(model)
     saved = [(vi, onnx.ValueInfoProto.FromString(vi.SerializeToString())) for vi in proto.graph.input]
     try:
-        return _import(proto, input_shapes, dims)
+        return _import(proto, input_shapes, dims, base)
     finally:
         for vi, original in saved:
             vi.CopyFrom(original)
 
 
-def _import(proto: onnx.ModelProto, input_shapes: dict | None, dims: dict | None) -> Graph:
+SKELETON_MAX_BYTES = 1 << 16   # initializers this large are graph inputs in _skeleton (never shape data)
+
+
+def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as ONNX's checker and shape inference need it: every initializer larger than
+    SKELETON_MAX_BYTES or kept in a file (open_model) becomes a typed graph input instead. Both serialize the model they are given
+    (and inference returns a copy), so handing them a 650 MB model cost three more copies of its
+    weights in host memory; the small initializers (shapes, axes) stay for data propagation."""
+    g = proto.graph
+    big = [t for t in g.initializer if _nbytes(t) > SKELETON_MAX_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
+    if not big:
+        return proto
+    out = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(out, f, getattr(proto, f))
+    out.opset_import.extend(proto.opset_import)
+    out.functions.extend(proto.functions)
+    og = out.graph
+    og.name = g.name
+    og.node.extend(g.node)
+    og.input.extend(g.input)
+    og.output.extend(g.output)
+    og.value_info.extend(g.value_info)
+    og.sparse_initializer.extend(g.sparse_initializer)
+    big_names = {t.name for t in big}
+    og.initializer.extend(t for t in g.initializer if t.name not in big_names)
+    inputs = {vi.name for vi in g.input}
+    og.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big if t.name not in inputs)
+    return out
+
+
+def _import(proto: onnx.ModelProto, input_shapes: dict | None, dims: dict | None, base: Path | None) -> Graph:
     input_shapes = dict(input_shapes or {})
-    checked = _as_checked(proto)
+    checked = _as_checked(_skeleton(proto))
     try:
         onnx.checker.check_model(checked)
     except Exception as e:
@@ -248,6 +325,7 @@ def _import(proto: onnx.ModelProto, input_shapes: dict | None, dims: dict | None
                 shape.dim.add().dim_value = int(d)
     symbolic = {vi.name: _dims(vi) for vi in real_inputs}
 
+    checked = _as_checked(_skeleton(proto))     # again: the input dims resolved above are in it now
     try:
         # strict first: it reports type errors (an Add of float and int64, bool Gather indices)
         inferred = onnx.shape_inference.infer_shapes(checked, check_type=True, strict_mode=True, data_prop=True)
@@ -273,7 +351,9 @@ def _import(proto: onnx.ModelProto, input_shapes: dict | None, dims: dict | None
     constants = {}
     for t in g.initializer:
         try:
-            constants[t.name] = numpy_helper.to_array(t)
+            constants[t.name] = tensor_array(t, base)
+        except ModelError:
+            raise
         except Exception as e:
             raise ModelError(f"initializer {t.name!r} is corrupt: {str(e)[:160]}",
                              hint="its byte count must match its shape and type; re-export the model") from None
@@ -431,4 +511,4 @@ def _show(w) -> str:
     return str(w)
 
 
-__all__ = ["import_model", "load_model_proto", "np"]
+__all__ = ["import_model", "load_model_proto", "open_model", "np"]

@@ -29,6 +29,7 @@ from ..errors import CompilerBug, ModelError, ShapeError, UnsupportedOpError, We
 from ..ir import kir, packing
 from ..ir.kir import Expr
 from .expand import expand_function
+from ..ir.mapped import release
 from ..dtypes import name_of, rounded_of
 from .graph import Graph, Node, internal_dtype, internal_of_numpy
 from ..ir.program import Conv, Generic, LayerNorm, MatMul, Op, Pool, Program, Softmax, Tensor, coords_of, flat_of, numel
@@ -156,8 +157,17 @@ class Lowering:
     # --- reading tensors inside expressions --------------------------------
     def _const_tensor(self, name: str) -> str:
         if name not in self.tensors:
-            data = to_internal_array(np.ascontiguousarray(self.consts[name]), name)
-            self.tensors[name] = Tensor(name, tuple(data.shape), internal_of_numpy(data.dtype), kind="const", data=data)
+            raw = np.ascontiguousarray(self.consts[name])
+            if raw.dtype == np.float16:
+                # an f32 tensor to the kernels, kept as halves on the host: pack_constants stores it as
+                # f16 (a half model's weights are not widened in memory, only in the kernels' loads)
+                data, dtype = raw, "f32"
+            else:
+                data = to_internal_array(raw, name)
+                dtype = internal_of_numpy(data.dtype)
+                if data is not raw:
+                    release(raw)   # a mapped weight converted (int64 narrowed): its pages are read
+            self.tensors[name] = Tensor(name, tuple(data.shape), dtype, kind="const", data=data)
         return name
 
     def buffer(self, name: str) -> str:

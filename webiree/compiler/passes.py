@@ -43,6 +43,7 @@ import dataclasses
 import numpy as np
 
 from ..ir import kir, packing
+from ..ir.mapped import release
 from ..ir.program import O, Anchor, Conv, Generic, MatMul, Program, Tensor
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
@@ -324,6 +325,7 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
         if data.ndim == 0 or 4 * data.size <= max_binding:
             continue
         stored = packing.narrow_bytes(data)     # an int8 or f16 weight is stored narrow (pack_constants)
+        release(data)
         if stored <= max_binding:
             continue
         ops = readers.get(name, [])
@@ -349,6 +351,7 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
                 op.expr = kir.substitute(op.expr, {"__fn__": lambda n: _part_load(n, name, ranges, row, part)})
             else:
                 _split_matmul(prog, op, data, per_elem, max_binding, part, add_part)
+        release(data)
     return dce(prog)
 
 
@@ -418,6 +421,7 @@ def pack_constants(prog: Program) -> Program:
     for t in prog.tensors.values():
         if t.kind == "const" and t.alias_of is None and t.data is not None:
             t.pack = packing.choose(t.data)
+            release(t.data)     # a mapped weight's pages: read again when weights.bin is written
     return prog
 
 

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .mapped import release
+
 from . import kir
 
 MIN_ELEMENTS = 16          # smaller constants stay 32-bit (nothing to gain, one decode less)
@@ -43,6 +45,19 @@ PACKS = {
 _INT_ORDER = ("u4", "i4", "u8", "i8", "u16", "i16")       # narrowest first
 
 
+CHUNK = 1 << 22     # elements choose and encode_into convert at a time (their temporaries stay small)
+
+
+def _chunks(a: np.ndarray):
+    """`a` flat, CHUNK elements at a time; a chunk of a mapped constant gives its pages back once
+    the caller is done with it (webiree/ir/mapped.py)."""
+    flat = a.reshape(-1)
+    for i in range(0, flat.size, CHUNK):
+        c = flat[i:i + CHUNK]
+        yield c
+        release(c)
+
+
 def choose(data: np.ndarray) -> str | None:
     """The narrowest form that holds every value of `data` exactly (None: keep 32 bits).
     `data` may be an ONNX-typed array (float16, int8, ...) or its 32-bit internal form."""
@@ -52,12 +67,18 @@ def choose(data: np.ndarray) -> str | None:
     if a.dtype == np.float16:
         return "f16"
     if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
-        f = a.astype(np.float32)
-        with np.errstate(over="ignore", invalid="ignore"):
-            back = f.astype(np.float16).astype(np.float32)
-        if np.array_equal(back.view(np.uint32), f.view(np.uint32)):      # (bit for bit: -0.0, NaN payloads)
-            return "f16"
-        return "bf16" if not (f.view(np.uint32) & 0xFFFF).any() else None
+        f16 = bf16 = True
+        for c in _chunks(a):
+            f = c.astype(np.float32, copy=False)
+            if f16:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    back = f.astype(np.float16).astype(np.float32)
+                f16 = np.array_equal(back.view(np.uint32), f.view(np.uint32))   # (bit for bit: -0.0, NaN payloads)
+            if bf16:
+                bf16 = not (f.view(np.uint32) & 0xFFFF).any()
+            if not (f16 or bf16):
+                return None
+        return "f16" if f16 else "bf16"
     if a.dtype.kind in "iu":
         lo, hi = int(a.min()), int(a.max())
         for name in _INT_ORDER:
@@ -69,12 +90,20 @@ def choose(data: np.ndarray) -> str | None:
 
 def is_exact(data, kind: str) -> bool:
     """Whether every value of `data` is a value of the float type `kind` ('f16' / 'bf16'); NaN is."""
-    f = np.asarray(data, np.float32)
-    if kind == "bf16":
-        return not (f.view(np.uint32)[~np.isnan(f)] & 0xFFFF).any()
-    with np.errstate(over="ignore", invalid="ignore"):
-        back = f.astype(np.float16).astype(np.float32)
-    return bool(np.array_equal(back, f, equal_nan=True))
+    a = np.asarray(data)
+    if kind == "f16" and a.dtype == np.float16:
+        return True
+    for c in _chunks(a):
+        f = c.astype(np.float32, copy=False)
+        if kind == "bf16":
+            if (f.view(np.uint32)[~np.isnan(f)] & 0xFFFF).any():
+                return False
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            back = f.astype(np.float16).astype(np.float32)
+        if not np.array_equal(back, f, equal_nan=True):
+            return False
+    return True
 
 
 def stored_bytes(data: np.ndarray, pack: str | None = None) -> int:
@@ -93,25 +122,38 @@ def narrow_bytes(data: np.ndarray) -> int:
 
 def encode(data: np.ndarray, pack: str | None) -> bytes:
     """The little-endian bytes of `data` in weights.bin (4-byte multiple)."""
+    out = bytearray(stored_bytes(data, pack))
+    encode_into(data, pack, memoryview(out))
+    return bytes(out)
+
+
+def encode_into(data: np.ndarray, pack: str | None, out: memoryview) -> None:
+    """Write encode(data, pack) into `out` (exactly stored_bytes(data, pack) bytes), a chunk at a
+    time: no copy of the whole constant is made (the blob of a 650 MB model is written in place)."""
     a = np.ascontiguousarray(data).reshape(-1)
     if pack is None:
-        if a.dtype == np.bool_:
-            a = a.astype(np.uint32)
-        return a.astype(a.dtype.newbyteorder("<")).tobytes()
+        # 32-bit words: bool as u32, any float (a float16 weight kept unwidened) as f32
+        dst = np.frombuffer(out, dtype="<u4" if a.dtype == np.bool_ else "<f4" if a.dtype.kind == "f"
+                            else a.dtype.newbyteorder("<"))
+        for c, i in zip(_chunks(a), range(0, a.size, CHUNK)):
+            dst[i:i + c.size] = c
+        return
     p = PACKS[pack]
-    if p.kind == "f":
-        raw = a.astype(np.float32).astype("<f2").view("<u2").astype(np.uint32)
-    elif p.kind == "b":
-        raw = a.astype(np.float32).view(np.uint32) >> np.uint32(16)
-    else:
-        raw = a.astype(np.int64).astype(np.uint32) & ((1 << p.bits) - 1)
     per_word = 32 // p.bits
-    pad = (-raw.size) % per_word
-    lanes = np.concatenate([raw, np.zeros(pad, np.uint32)]).reshape(-1, per_word)
-    words = np.zeros(lanes.shape[0], np.uint32)
-    for j in range(per_word):
-        words |= lanes[:, j] << np.uint32(p.bits * j)
-    return words.astype("<u4").tobytes()
+    words = np.frombuffer(out, dtype="<u4")
+    for c, i in zip(_chunks(a), range(0, a.size, CHUNK)):    # CHUNK is a multiple of every per_word
+        if p.kind == "f":
+            raw = c.astype(np.float32).astype("<f2").view("<u2").astype(np.uint32)
+        elif p.kind == "b":
+            raw = c.astype(np.float32).view(np.uint32) >> np.uint32(16)
+        else:
+            raw = c.astype(np.int64).astype(np.uint32) & ((1 << p.bits) - 1)
+        pad = (-raw.size) % per_word
+        lanes = np.concatenate([raw, np.zeros(pad, np.uint32)]).reshape(-1, per_word)
+        w = np.zeros(lanes.shape[0], np.uint32)
+        for j in range(per_word):
+            w |= lanes[:, j] << np.uint32(p.bits * j)
+        words[i // per_word:i // per_word + w.size] = w
 
 
 def _split(index: kir.Expr, per_word: int) -> tuple[kir.Expr, kir.Expr]:
