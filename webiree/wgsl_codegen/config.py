@@ -49,6 +49,8 @@ def _subgroup_broadcast(op: P.MatMul, limits: dict):
     groups = lambda: -(-slots // (S_ * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
     while groups() < 4 and rm > 1:
         rm = max(1, rm // 2)
+    if -(-op.k // (4 * S_)) > SERIAL_LOOP_ITERATIONS:
+        return None     # one invocation would loop past llvmpipe's limit: split K instead
     return KernelConfig((S_, 1, 1), MatmulTile(rm, rn, 4 * S_), vec, S.SUBGROUP_BROADCAST)
 
 
@@ -77,6 +79,8 @@ def _register_blocked(op: P.MatMul, limits: dict):
         rm //= 2
     while groups() < 4 and rm > 1:
         rm = max(1, rm // 2)
+    if -(-op.k // 4) > SERIAL_LOOP_ITERATIONS:
+        return None     # one invocation would loop past llvmpipe's limit: split K instead
     return KernelConfig((wx, 1, 1), MatmulTile(rm, rn, 4 if op.k >= 4 else 1), vec, S.REGISTER_BLOCKED)
 
 
@@ -184,9 +188,23 @@ def _workgroup_tree(op, limits: dict):
     return KernelConfig((_pow2_at_most(max(op.r, 1), min(want, inv)), 1, 1), (), 1, S.WORKGROUP_TREE)
 
 
+def _serial_loop(op) -> int:
+    """Iterations of the loop one invocation of a one-per-output kernel runs: a pooling window, a
+    Loop op's count (0: none)."""
+    if isinstance(op, P.Pool):
+        return P.numel(op.kernel)
+    return int(getattr(op, "count", 0) or 0)
+
+
 def _one_per_output(strategy):
-    return lambda op, limits: KernelConfig((min(64, limits["max_compute_invocations_per_workgroup"]), 1, 1), (),
-                                           1, strategy)
+    def plan(op, limits):
+        n = _serial_loop(op)
+        if n > SERIAL_LOOP_ITERATIONS:
+            raise LimitsError(f"{op.name} loops over {n:,} elements for each output; one invocation may loop "
+                              f"at most {SERIAL_LOOP_ITERATIONS:,} times (llvmpipe's limit: past it, results are "
+                              "silently wrong)", hint="use a smaller window, or a global pool over the whole input")
+        return KernelConfig((min(64, limits["max_compute_invocations_per_workgroup"]), 1, 1), (), 1, strategy)
+    return plan
 
 
 PLANNERS = {
@@ -200,7 +218,7 @@ PLANNERS = {
 # (the default target) gets the GPU kernels.
 _ROWS = {"cpu": (S.ROW_PER_INVOCATION, S.WORKGROUP_TREE), "gpu": (S.WORKGROUP_TREE,)}
 TABLE = {
-    P.MatMul: {"cpu": (S.SUBGROUP_BROADCAST, S.REGISTER_BLOCKED),
+    P.MatMul: {"cpu": (S.SUBGROUP_BROADCAST, S.REGISTER_BLOCKED, S.SPLIT_K, S.TILED_SHARED),
                "gpu": (S.SPLIT_K, S.TILED_SHARED_VEC4, S.TILED_SHARED)},
     P.Conv: {"cpu": (S.ROW_BLOCK, S.DIRECT), "gpu": (S.DIRECT,)},
     P.Softmax: _ROWS,

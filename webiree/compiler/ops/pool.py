@@ -38,6 +38,15 @@ def _pool(ctx, node, mode):
     pads = window_pads(node, xs[2:], kernel, strides, dilations)
     out_sp = window_out(xs[2:], kernel, strides, dilations, pads, bool(node.attr("ceil_mode", 0)))
     out_shape = [xs[0], xs[1]] + out_sp
+    if mode in ("avg", "max") and ctx.dtype(x) == "f32" and list(kernel) == list(xs[2:]) and not any(pads) and all(d == 1 for d in out_sp) \
+            and not (len(node.outputs) > 1 and node.outputs[1]):
+        # a window over the whole input is a global pool: a reduction over all of it, which the
+        # workgroup tree splits among invocations (a window loop of 300 x 300 in one invocation
+        # passes llvmpipe's loop limit)
+        ctx.anchor(Reduce(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
+                          mode="mean" if mode == "avg" else "max", outer=xs[0] * xs[1], r=numel(xs[2:]), inner=1),
+                   out_shape)
+        return
     op = Pool(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x), mode=mode,
               x_shape=tuple(xs), out_shape=tuple(out_shape), kernel=tuple(kernel), strides=tuple(strides),
               dilations=tuple(dilations), pads=tuple(pads),
