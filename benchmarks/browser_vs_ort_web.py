@@ -18,13 +18,16 @@ it, serves the root with webiree's server, and in one page:
      `--warmup` runs (results read back to the CPU in both cases) and prints the
      medians and their ratio, and the time to first result (runtime import,
      session creation with weights and pipelines, first run),
-  4. prints the gzipped size of each runtime (what a page has to download
+  4. reloads the page (a second visit: same browser profile, so the Cache API and
+     Chromium's caches are warm) and times each runtime's first result again,
+  5. prints the gzipped size of each runtime (what a page has to download
      besides the model).
 
 Chromium runs WebGPU on SwiftShader (a CPU) here, so the absolute numbers say
-little about a real GPU; the ratio and the sizes are the point. The two setups
-differ: webiree's kernels are chosen for a CPU adapter (`--tune cpu`, the default),
-ort-web runs its generic WebGPU kernels with one wasm thread.
+little about a real GPU; the ratio and the sizes are the point. webiree runs its
+default build (`--limits default`: GPU- and CPU-class kernel variants, picked by
+the adapter at load, as a site's author ships it; `--limits cpu` builds the CPU
+kernels alone), ort-web its generic WebGPU kernels with one wasm thread.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ BENCH_JS = """async ({runs, warmup, feeds, ortThreads}) => {
   // max over outputs of max |webiree - ort| / max |ort| (loops, not spreads: large outputs);
   // a missing or differently sized output is Infinity, a NaN stays NaN
   let err = 0;
+  out.webiree.variant = ws.variant;
+  out.webiree.weightsSource = ws.weightsSource;
   for (const [k, ref] of Object.entries(ofirst)) {
     const r = ref.data, g = wfirst[k]?.data;
     if (!g || g.length !== r.length) { err = Infinity; continue; }
@@ -109,6 +114,35 @@ BENCH_JS = """async ({runs, warmup, feeds, ortThreads}) => {
 }"""
 
 
+SECOND_VISIT_JS = """async ({feeds, ortThreads}) => {
+  // after a reload: each runtime's time to first result again (import, create, first run)
+  const bytes = (b64) => Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const typed = (f) => { const b = bytes(f.data).buffer;
+    return {float32: () => new Float32Array(b), int64: () => new BigInt64Array(b), int32: () => new Int32Array(b),
+            bool: () => new Uint8Array(b)}[f.type](); };
+  const out = {webiree: {}, ort: {}};
+  let t0 = performance.now();
+  const w = await import('./webiree/webiree.js');
+  const ws = await w.InferenceSession.create('./webiree/', {timeoutMs: 600000});
+  out.webiree.createMs = performance.now() - t0;
+  await ws.run(Object.fromEntries(Object.entries(feeds).map(([k, f]) => [k, new w.Tensor(f.type, typed(f), f.dims)])));
+  out.webiree.ttfrMs = performance.now() - t0;
+  out.webiree.weightsSource = ws.weightsSource;
+  await ws.release();
+  t0 = performance.now();
+  const ort = await import('./ort/ort.webgpu.min.mjs');
+  ort.env.wasm.wasmPaths = new URL('./ort/', location.href).href;
+  ort.env.wasm.numThreads = ortThreads;
+  ort.env.logLevel = 'error';
+  const os = await ort.InferenceSession.create('./model.onnx', {executionProviders: ['webgpu']});
+  out.ort.createMs = performance.now() - t0;
+  await os.run(Object.fromEntries(Object.entries(feeds).map(([k, f]) => [k, new ort.Tensor(f.type, typed(f), f.dims)])));
+  out.ort.ttfrMs = performance.now() - t0;
+  await os.release();
+  return out;
+}"""
+
+
 def gz(path: Path) -> int:
     return len(gzip.compress(path.read_bytes(), 9))
 
@@ -118,8 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="small_cnn", help="a model of webiree.testing.models (default small_cnn)")
     ap.add_argument("--onnx", help="an .onnx file instead (e.g. tests/.data/seed/mobilenet_v2.onnx)")
     ap.add_argument("--inputs", help=".npz of its inputs (default: seeded random)")
-    ap.add_argument("--tune", choices=["cpu", "gpu"], default="cpu",
-                    help="webiree's kernel family: 'cpu' suits SwiftShader, the CPU WebGPU of headless Chromium")
+    ap.add_argument("--limits", choices=["default", "cpu", "gpu"], default="default",
+                    help="webiree's build: 'default' (the variants for GPU and CPU adapters, picked at load), "
+                         "or one class's kernels alone")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=300, help="seconds for the whole in-page benchmark")
@@ -162,7 +197,7 @@ def main(argv=None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="webiree-bench-") as tmp:
         root = Path(tmp)
-        webiree.compile(model, root / "webiree", limits={"device_class": args.tune})
+        webiree.compile(model, root / "webiree", limits=args.limits)
         onnx.save(model, root / "model.onnx")
         (root / "ort").mkdir()
         for f in ORT_FILES:
@@ -175,8 +210,9 @@ def main(argv=None) -> int:
                "feeds": {k: {"type": kinds[v.dtype], "dims": list(v.shape),
                              "data": base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()}
                          for k, v in feeds.items()}}
-        wrapped = f"""async (arg) => {{
-          const fn = {BENCH_JS};
+        def wrapped(js):
+            return f"""async (arg) => {{
+          const fn = {js};
           let timer;
           const limit = new Promise((_, reject) => {{ timer = setTimeout(
             () => reject(new Error('the benchmark timed out after {args.timeout} s')), {int(args.timeout * 1000)}); }});
@@ -190,7 +226,9 @@ def main(argv=None) -> int:
                 adapter = page.evaluate("""async () => { const a = await navigator.gpu?.requestAdapter();
                   return a ? `${a.info.vendor} ${a.info.architecture}` : 'none'; }""")
                 try:
-                    res = page.evaluate(wrapped, arg)
+                    res = page.evaluate(wrapped(BENCH_JS), arg)
+                    page.reload()
+                    res["second"] = page.evaluate(wrapped(SECOND_VISIT_JS), arg)
                 except PlaywrightError as e:
                     print(f"the benchmark failed in the page: {str(e).splitlines()[0]}", file=sys.stderr)
                     return 1
@@ -209,17 +247,23 @@ def main(argv=None) -> int:
     print(f"model {args.model}; Chromium {version}, WebGPU adapter {adapter}; {args.runs} timed runs after "
           f"{args.warmup} warm-up runs, the two runtimes alternating")
     ort_version = json.loads((ORT_DIST.parent / "package.json").read_text()).get("version", "?")
-    print(f"webiree: kernels tuned for {args.tune} adapters; onnxruntime-web {ort_version}: WebGPU EP, "
+    print(f"webiree: {args.limits} build, kernel variant {w.get('variant') or '(one)'} picked; onnxruntime-web "
+          f"{ort_version}: WebGPU EP, "
           f"wasm part on {ORT_WASM_THREADS} thread (no cross-origin isolation)")
     print(f"{'':22}{'webiree':>12}{'ort-web':>12}{'ort/webiree':>13}")
     for key, label in (("createMs", "session create (ms)"), ("firstRunMs", "first run (ms)"),
                        ("ttfrMs", "first result (ms)"), ("medianMs", "median run (ms)"),
                        ("minMs", "fastest run (ms)")):
         print(f"{label:22}{w[key]:12.2f}{o[key]:12.2f}{o[key] / max(w[key], 1e-9):13.2f}")
+    sw, so = res["second"]["webiree"], res["second"]["ort"]
+    print(f"{'2nd visit result (ms)':22}{sw['ttfrMs']:12.2f}{so['ttfrMs']:12.2f}{so['ttfrMs'] / max(sw['ttfrMs'], 1e-9):13.2f}"
+          f"   (webiree's weights from the {sw['weightsSource']}; 2nd / 1st visit: webiree "
+          f"{sw['ttfrMs'] / w['ttfrMs']:.2f}, ort-web {so['ttfrMs'] / o['ttfrMs']:.2f})")
     print(f"{'runtime, gzipped (B)':22}{w_gz:12d}{o_gz:12d}{o_gz / w_gz:13.0f}")
     print(f"outputs {'agree' if ok else 'DIFFER'}: max |webiree - ort| / max |ort| = {diff:.2e} "
           f"(tolerance {TOLERANCE:.0e})")
-    print(json.dumps({"model": args.model, "webiree": w, "ort": o, "webiree_gz": w_gz, "ort_gz": o_gz,
+    print(json.dumps({"model": args.model, "limits": args.limits, "webiree": w, "ort": o, "second_visit": res["second"],
+                      "webiree_gz": w_gz, "ort_gz": o_gz,
                       "ort_wasm_threads": ORT_WASM_THREADS, "max_rel_diff": diff, "tolerance": TOLERANCE}))
     if not ok:
         print(f"FAILED: webiree's outputs differ from ort-web's by {diff:.2e} > {TOLERANCE:.0e} "

@@ -189,6 +189,10 @@ export class InferenceSession {
   readonly variant: string;
   /** feeds may hold GPU tensors this session returned (run(feeds, {keep})) */
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
+  /** Resolves once every pipeline is created. create() returns once the weights are on the GPU,
+   * with the pipelines still compiling in order of first use; a run waits only for the pipelines
+   * it reaches, so awaiting ready() is never needed (it moves that wait before the first run). */
+  ready(): Promise<void>;
   /** Generate token ids from a prompt's ids with a decoder built with the generation head: the KV
    * cache stays on the GPU, each token is picked there (argmax or seeded top-k), and per step only
    * its id (4 bytes) is read back. Resolves to the new ids. Not in a worker session. */

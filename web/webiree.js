@@ -273,7 +273,7 @@ export function selectVariant(m, adapter, want) {
   const sg = /(?:^|,)subgroup_size=(\d+)/.exec(v.rule);
   const limits = sg ? {...m.limits, subgroup_size: Number(sg[1])} : m.limits;
   const isD = (c) => c[0] === OP.DISPATCH || c[0] === OP.DISPATCH_DYN;
-  const used = [...new Set(v.commands.filter(isD).map((c) => c[1]))].sort((a, b) => a - b);
+  const used = [...new Set(v.commands.filter(isD).map((c) => c[1]))];   // in order of first use: the order they compile in
   const at = (e) => used.indexOf(e);
   return {...m, executables: used.map((i) => m.executables[i] ?? fail('model', `model.wrm: unknown executable ${i}`)), registers: v.registers, variants: [], variant: v.name, limits,
     commands: v.commands.map((c) => (isD(c) ? [c[0], at(c[1]), ...c.slice(2)] : c)),
@@ -871,8 +871,10 @@ export class InferenceSession {
     });
   }
 
-  /** Create the buffers, stream the weights into their pages (loadWeights(write)) while the
-   * pipelines compile, and record the command list. Returns where the weights came from. */
+  /** Create the buffers and start every pipeline's creation, in order of first use; stream the
+   * weights into their pages (loadWeights(write)) meanwhile, and return once they are written
+   * (where they came from): the pipelines go on compiling in the background, and a run waits
+   * only for those it reaches (_reach). */
   async _prepare(loadWeights) {
     const {module: m, device: d} = this;
     const U = GPUBufferUsage;
@@ -882,19 +884,8 @@ export class InferenceSession {
       usage: b.kind === 'params' ? U.UNIFORM | U.COPY_DST : U.STORAGE | U.COPY_SRC | U.COPY_DST}));
     this.params = this.buffers.filter((_, i) => m.buffers[i].kind === 'params');  // the dims buffers, written per run
     const loading = loadWeights((b, bytes, offset) => d.queue.writeBuffer(this.buffers[b.index], 0, bytes, offset, b.size));
-    // Pipelines compile in parallel; a slow compiler (SwiftShader) may take minutes for all of
-    // them, so the timeout is "no pipeline finished for timeoutMs", not a limit per pipeline.
-    let lastProgress = performance.now(), ready = 0, watch;
-    const stalled = new Promise((_, reject) => {
-      const check = () => {
-        if (performance.now() - lastProgress <= this.timeoutMs) { watch = setTimeout(check, 250); return; }
-        reject(new WebireeError('device', `no pipeline finished compiling for ${this.timeoutMs} ms ` +
-          `(${ready} of ${m.executables.length} ready)`, 'the GPU may be hung or overloaded; reload the page'));
-      };
-      watch = setTimeout(check, 250);
-    });
-    stalled.catch(() => {});
-    const [pipelines, source] = await Promise.all([Promise.all(m.executables.map(async (e) => {
+    this._progress = {last: performance.now(), ready: 0};
+    const pipelines = m.executables.map((e) => {
       if (e.format !== 'wgsl') fail('model', `executable ${e.name} is SPIR-V; browsers take WGSL only`, 'rebuild the model for WebGPU');
       let code = new TextDecoder().decode(e.code);
       // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
@@ -902,21 +893,23 @@ export class InferenceSession {
       const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot, kind}) => (
         {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: kind === BIND_UNIFORM ? 'uniform' : 'storage'}}))});
       const shader = d.createShaderModule({label: e.name, code});
-      try {
-        const pipeline = await Promise.race([d.createComputePipelineAsync({label: e.name,
-          layout: d.createPipelineLayout({bindGroupLayouts: [layout]}), compute: {module: shader, entryPoint: e.entry}}),
-        this._lost, stalled]);
-        lastProgress = performance.now();
-        ready++;
-        return {pipeline, layout};
-      } catch (err) {
-        if (err instanceof WebireeError) throw err;
+      const p = {layout, pipeline: null};
+      p.promise = d.createComputePipelineAsync({label: e.name, layout: d.createPipelineLayout({bindGroupLayouts: [layout]}),
+        compute: {module: shader, entryPoint: e.entry}}).then((pipeline) => {
+        p.pipeline = pipeline;
+        this._progress.last = performance.now();
+        this._progress.ready++;
+      }, async (err) => {
         const info = await shader.getCompilationInfo?.().catch(() => null);
         const notes = (info?.messages ?? []).filter((x) => x.type === 'error').map((x) => `${x.lineNum}:${x.linePos}: ${x.message}`);
         fail('device', `cannot create the pipeline of dispatch ${e.name}: ${notes.length ? notes.join('; ') : err.message}`,
           'this is a webiree bug: the browser rejected WGSL it emitted; please report it with the model');
-      }
-    })).finally(() => clearTimeout(watch)), loading]);
+      });
+      p.promise.catch(() => {});
+      return p;
+    });
+    this._pipelines = pipelines;
+    const source = await loading;
     const names = (m.info.dispatches ?? []).map((x) => x.name);
     const regs = evalRegisters(m, m.inputs.map((io) => io.dims));   // a dynamic module's runs evaluate their own
     this.uploads = [];
@@ -932,7 +925,7 @@ export class InferenceSession {
         const bindGroup = d.createBindGroup({layout: p.layout, entries: binds.map(([slot, buf, offset, size]) => (
           {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
         const dyn = op === OP.DISPATCH_DYN, index = this.items.length;
-        this.items.push({pipeline: p.pipeline, bindGroup, grid: dyn ? [regs[gx], regs[gy], regs[gz]] : [gx, gy, gz],
+        this.items.push({pipe: p, bindGroup, grid: dyn ? [regs[gx], regs[gy], regs[gz]] : [gx, gy, gz],
           regs: dyn && this.dynamic ? [gx, gy, gz] : null, name: names[index] ?? m.executables[ex].name, index});
       } else if (op === OP.READBACK) {
         readbackSize += round4(m.outputs[cmd[1]].size);
@@ -946,6 +939,37 @@ export class InferenceSession {
     const error = errors.find(Boolean);
     if (error) fail('device', `WebGPU rejected the model while preparing it: ${error.message}`);
     return source;
+  }
+
+  /** Wait for pipeline `p` (its creation started in _prepare). Pipelines compile in parallel and a
+   * slow compiler (SwiftShader) may take minutes for all, so the timeout is "no pipeline finished
+   * for timeoutMs" (counted from this wait at the earliest), not a limit per pipeline. */
+  async _reach(p) {
+    if (p.pipeline) return;
+    const start = performance.now();
+    let watch;
+    const stalled = new Promise((_, reject) => {
+      const check = () => {
+        const {last, ready} = this._progress;
+        if (performance.now() - Math.max(last, start) <= this.timeoutMs) { watch = setTimeout(check, 250); return; }
+        reject(new WebireeError('device', `no pipeline finished compiling for ${this.timeoutMs} ms ` +
+          `(${ready} of ${this._pipelines.length} ready)`, 'the GPU may be hung or overloaded; reload the page'));
+      };
+      watch = setTimeout(check, 250);
+    });
+    try {
+      await Promise.race([p.promise, this._lost, stalled]);
+    } finally {
+      clearTimeout(watch);
+    }
+  }
+
+  /** Resolves once every pipeline of the session is created (runs need not wait for it: each
+   * waits for the pipelines it reaches). Rejects as a run would on a stall or a rejected WGSL. */
+  ready() {
+    const result = this._queue.then(async () => { for (const p of this._pipelines) await this._reach(p); });
+    this._queue = result.catch(() => {});
+    return result;
   }
 
   /** The commands of a run reading back the outputs in `read` (names) at their shapes `dims(io)`, packed in
@@ -1116,7 +1140,7 @@ export class InferenceSession {
     const dispatches = plan.items.filter((it) => it.bindGroup);
 
     d.pushErrorScope('validation');
-    const enc = d.createCommandEncoder();
+    let enc = d.createCommandEncoder();
     for (const i of this.uploads) {
       const io = m.inputs[i];
       if (onGpu(encoded[i])) {   // copied on the GPU into the input's place, before the dispatches
@@ -1141,13 +1165,26 @@ export class InferenceSession {
     let k = 0;
     for (const it of plan.items) {
       if (it.bindGroup) {
+        if (!it.pipe.pipeline) {
+          // a pipeline still compiling: what is recorded runs meanwhile, the rest after it
+          pass?.end();
+          pass = null;
+          d.queue.submit([enc.finish()]);
+          enc = d.createCommandEncoder();
+          try {
+            await this._reach(it.pipe);
+          } catch (e) {
+            await d.popErrorScope().catch(() => null);
+            throw e;
+          }
+        }
         if (profile) {
           pass?.end();
           pass = enc.beginComputePass({timestampWrites: {querySet: this._query, beginningOfPassWriteIndex: 2 * k, endOfPassWriteIndex: 2 * k + 1}});
         } else if (!pass) {
           pass = enc.beginComputePass();
         }
-        pass.setPipeline(it.pipeline);
+        pass.setPipeline(it.pipe.pipeline);
         pass.setBindGroup(0, it.bindGroup);
         pass.dispatchWorkgroups(...it.grid);
         k++;

@@ -118,6 +118,12 @@ export class WorkerSession {
     return results;
   }
 
+  /** Resolves once every pipeline is created in the worker (see InferenceSession.ready). */
+  async ready() {
+    if (this._released) throw new WebireeError('device', 'the session was released', 'create a new session');
+    await this._call('ready');
+  }
+
   /** Release the session in the worker, then terminate the worker. */
   async release() {
     if (this._released) return;
@@ -162,6 +168,11 @@ if (IN_WORKER) {
         onProgress: (progress) => globalThis.postMessage({progress})});
       const {inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant} = session;
       return [{inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant}];
+    },
+    async ready() {
+      if (!session) throw new WebireeError('device', 'the session was released', 'create a new session');
+      await session.ready();
+      return [null];
     },
     async run({feeds, options}) {
       if (!session) throw new WebireeError('device', 'the session was released', 'create a new session');
