@@ -51,6 +51,15 @@ CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--no-sandbox"]
 ORT_WASM_THREADS = 1  # the page is not cross-origin isolated: no SharedArrayBuffer, no wasm threads
 TOLERANCE = 1e-4      # max |webiree - ort| / max |ort| per output (the project's fp32 tolerance)
 
+# onnxruntime-web's module and a WebGPU session of ./model.onnx (both pages' functions start with it)
+ORT_SESSION_JS = """const ortSession = async (ortThreads) => {
+  const ort = await import('./ort/ort.webgpu.min.mjs');
+  ort.env.wasm.wasmPaths = new URL('./ort/', location.href).href;
+  ort.env.wasm.numThreads = ortThreads;
+  ort.env.logLevel = 'error';
+  return [ort, await ort.InferenceSession.create('./model.onnx', {executionProviders: ['webgpu']})];
+};"""
+
 BENCH_JS = """async ({runs, warmup, feeds, ortThreads}) => {
   // Both sessions are created first; then the two runtimes alternate run by run, so
   // SwiftShader's noise hits both alike, and the medians are compared.
@@ -73,11 +82,7 @@ BENCH_JS = """async ({runs, warmup, feeds, ortThreads}) => {
   out.webiree.ttfrMs = performance.now() - t0;
   // onnxruntime-web, WebGPU execution provider
   t0 = performance.now();
-  const ort = await import('./ort/ort.webgpu.min.mjs');
-  ort.env.wasm.wasmPaths = new URL('./ort/', location.href).href;
-  ort.env.wasm.numThreads = ortThreads;
-  ort.env.logLevel = 'error';
-  const os = await ort.InferenceSession.create('./model.onnx', {executionProviders: ['webgpu']});
+  const [ort, os] = await ortSession(ortThreads);
   out.ort.createMs = performance.now() - t0;
   const ofeeds = Object.fromEntries(Object.entries(feeds).map(([k, f]) => [k, new ort.Tensor(f.type, typed(f), f.dims)]));
   t1 = performance.now();
@@ -130,11 +135,7 @@ SECOND_VISIT_JS = """async ({feeds, ortThreads}) => {
   out.webiree.weightsSource = ws.weightsSource;
   await ws.release();
   t0 = performance.now();
-  const ort = await import('./ort/ort.webgpu.min.mjs');
-  ort.env.wasm.wasmPaths = new URL('./ort/', location.href).href;
-  ort.env.wasm.numThreads = ortThreads;
-  ort.env.logLevel = 'error';
-  const os = await ort.InferenceSession.create('./model.onnx', {executionProviders: ['webgpu']});
+  const [ort, os] = await ortSession(ortThreads);
   out.ort.createMs = performance.now() - t0;
   await os.run(Object.fromEntries(Object.entries(feeds).map(([k, f]) => [k, new ort.Tensor(f.type, typed(f), f.dims)])));
   out.ort.ttfrMs = performance.now() - t0;
@@ -212,6 +213,7 @@ def main(argv=None) -> int:
                          for k, v in feeds.items()}}
         def wrapped(js):
             return f"""async (arg) => {{
+          {ORT_SESSION_JS}
           const fn = {js};
           let timer;
           const limit = new Promise((_, reject) => {{ timer = setTimeout(

@@ -25,6 +25,20 @@ from .graph import Graph, Node, TensorType
 MIN_OPSET, MAX_OPSET = 1, 28   # what onnx 1.23 defines; handlers reject legacy forms they cannot honour
 
 
+def _model_file(model) -> Path:
+    path = Path(os.fspath(model))
+    if not path.exists():
+        raise ModelError(f"no such file: {path}", hint="check the path of the .onnx model")
+    if path.is_dir():
+        raise ModelError(f"{path} is a folder, not an ONNX file", hint="give the path of a .onnx file")
+    return path
+
+
+def _not_onnx(path: Path, e: Exception) -> ModelError:
+    return ModelError(f"{path.name} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})",
+                      hint="the file must be a serialized onnx.ModelProto")
+
+
 def load_model_proto(model) -> onnx.ModelProto:
     """Accept a path, raw bytes or a ModelProto; external data is loaded from
     beside the file."""
@@ -38,16 +52,11 @@ def load_model_proto(model) -> onnx.ModelProto:
                              hint="pass the bytes of a .onnx file") from None
         _check_external(proto, None)
         return proto
-    path = Path(os.fspath(model))
-    if not path.exists():
-        raise ModelError(f"no such file: {path}", hint="check the path of the .onnx model")
-    if path.is_dir():
-        raise ModelError(f"{path} is a folder, not an ONNX file", hint="give the path of a .onnx file")
+    path = _model_file(model)
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as e:
-        raise ModelError(f"{path.name} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})",
-                         hint="the file must be a serialized onnx.ModelProto") from None
+        raise _not_onnx(path, e) from None
     _check_external(proto, path.parent)
     try:
         onnx.load_external_data_for_model(proto, str(path.parent))
@@ -63,16 +72,11 @@ def open_model(model) -> tuple[onnx.ModelProto, Path | None]:
     folder they are found in; bytes or a ModelProto as load_model_proto gives them (no folder)."""
     if isinstance(model, (onnx.ModelProto, bytes, bytearray, memoryview)):
         return load_model_proto(model), None
-    path = Path(os.fspath(model))
-    if not path.exists():
-        raise ModelError(f"no such file: {path}", hint="check the path of the .onnx model")
-    if path.is_dir():
-        raise ModelError(f"{path} is a folder, not an ONNX file", hint="give the path of a .onnx file")
+    path = _model_file(model)
     try:
         proto = onnx_file.open_model(path)
     except Exception as e:
-        raise ModelError(f"{path.name} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})",
-                         hint="the file must be a serialized onnx.ModelProto") from None
+        raise _not_onnx(path, e) from None
     _check_external(proto, path.parent)
     for t in proto.graph.initializer:   # small external tensors inline: shape inference reads their values
         if t.data_location == onnx.TensorProto.EXTERNAL and _nbytes(t) < onnx_file.OFFLOAD_MIN_BYTES:
