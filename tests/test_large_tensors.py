@@ -26,7 +26,7 @@ SMALL_BINDING = {"max_storage_buffer_binding_size": 128 << 10}
 def tied_lm(vocab: int, dim: int, seq: int = 8, seed: int = 0, transpose: bool = True):
     """A token embedding read three ways: Gather (the input embedding), MatMul by its transpose
     (a tied LM head: B stored [K, N] once the Transpose is folded; `transpose`) and Gemm with
-    transB (B stored [N, K]); plus an elementwise Add of a large bias."""
+    transB (B stored [N, K]), whose output an Add of a bias (small enough for one binding) reads."""
     rng = np.random.default_rng(seed)
     emb = rng.standard_normal((vocab, dim)).astype(np.float32)
     bias = rng.standard_normal((seq, vocab)).astype(np.float32)
@@ -50,9 +50,10 @@ def tied_lm(vocab: int, dim: int, seq: int = 8, seed: int = 0, transpose: bool =
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-def _feeds(vocab: int, seq: int = 8):
+def _feeds(vocab: int, seq: int = 8, rows: tuple = ()):
+    """Seeded ids, the first ones `rows` (both ends of the table and its parts' boundaries)."""
     ids = np.random.default_rng(1).integers(0, vocab, (1, seq)).astype(np.int64)
-    ids[0, :3] = [0, vocab - 1, vocab // 2]      # both ends and a part boundary's neighbourhood
+    ids[0, :len(rows)] = rows
     return {"ids": ids}
 
 
@@ -74,7 +75,7 @@ def test_an_embedding_larger_than_a_binding_is_read_in_parts(tmp_path):
     # the bias (38,400 bytes) fits and stays whole
     assert sorted(len(v) for v in parts.values()) == [3, 3], parts
     assert all(4 * int(np.prod(s)) <= SMALL_BINDING["max_storage_buffer_binding_size"] for v in parts.values() for s in v)
-    feeds = _feeds(vocab)
+    feeds = _feeds(vocab, rows=(0, 511, 512, 1023, 1024, vocab - 1))   # parts of 512 rows (131,072 B)
     ref = ort_run(model, feeds)
     got = webiree.InferenceSession(tmp_path / "m").run(None, feeds)
     assert len(got) == len(ref) == 3
@@ -104,7 +105,7 @@ def test_a_139_mb_embedding_runs_under_the_default_limits(tmp_path):
     res = webiree.compile(model, tmp_path / "m", limits="cpu")
     assert [len(v) for v in _parts(res).values()] == [2], _parts(res)
     assert vocab * dim * 4 <= (tmp_path / "m" / "weights.bin").stat().st_size < vocab * dim * 4 + (1 << 20)
-    feeds = _feeds(vocab, seq=4)
+    feeds = _feeds(vocab, seq=4, rows=(0, 32767, 32768, vocab - 1))   # parts of 32,768 rows (128 MiB)
     ref = ort_run(model, feeds)
     got = webiree.InferenceSession(tmp_path / "m").run(None, feeds)
     assert len(got) == len(ref) == 2

@@ -153,11 +153,13 @@ def test_worker_leaves_the_main_thread_without_long_tasks(page, server, sites, c
 ERROR_JS = """async ({url, runtime, worker}) => {
   const w = await import(runtime);
   const session = await w.InferenceSession.create(url, {worker});
+  // ready(): every pipeline created (in the worker too), before the run that fails on its feed
+  const ready = await session.ready().then((v) => (v === undefined ? 'ok' : `resolved ${v}`), (e) => `rejected: ${e}`);
   try {
     await session.run({[session.inputNames[0]]: new w.Tensor('float32', new Float32Array(3), [3])});
-    return {error: null};
+    return {error: null, ready};
   } catch (e) {
-    return {isWebireeError: e instanceof w.WebireeError, name: e.name, kind: e.kind, message: e.message, hint: e.hint ?? null};
+    return {isWebireeError: e instanceof w.WebireeError, name: e.name, kind: e.kind, message: e.message, hint: e.hint ?? null, ready};
   } finally {
     await session.release();
   }
@@ -170,6 +172,7 @@ def test_worker_errors_cross_as_webiree_error(page, server):
     on_main = evaluate(page, ERROR_JS, {**arg, "worker": False}, EVAL_S)
     assert in_worker["isWebireeError"] and in_worker["name"] == "WebireeError", in_worker
     assert in_worker["kind"] == "feed", in_worker
+    assert in_worker["ready"] == "ok", in_worker
     assert in_worker == on_main
     # a build folder that is not there: the worker's create fails the same way as the main thread's
     missing = {"url": f"{server}nowhere/", "runtime": f"{server}mlp/webiree.js"}

@@ -210,8 +210,8 @@ class _Front:
     graph: object
     dumps: dict
     top_k: object
-    weights: bytearray | None = None    # weights_blob's, made by the first _back
-    page_offset: dict | None = None
+    weights: bytearray          # weights.bin (weights_blob): one for every kernel variant
+    page_offset: dict           # weight page -> its offset in weights.bin
 
 
 def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",),
@@ -254,7 +254,8 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     if "memory" in dump_after:
         dumps["memory"] = plan.summary() + "\n" + "\n".join(
             f"  {n:<40} buffer {p.buffer} offset {p.offset} size {p.size}" for n, p in plan.placement.items())
-    return _Front(prog, plan, graph, dumps, top_k)
+    weights, page_offset = weights_blob(prog, plan)
+    return _Front(prog, plan, graph, dumps, top_k, weights, page_offset)
 
 
 def _back(stage, front: _Front, target: Target, validate, dump_after, targets, cache=None) -> CompileResult:
@@ -307,13 +308,10 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
 
     stage[0] = "schedule"
-    if front.weights is None:
-        front.weights, front.page_offset = weights_blob(prog, plan)
     module = _schedule(prog, plan, dispatches, exec_of, executables, lim, front.page_offset)
-    blob = front.weights
     if front.top_k is not None:
         module.info[TOP_K_INFO] = front.top_k
-    return CompileResult(module, blob, shaders, dispatches, plan, prog, front.graph, lim, dumps, spv_files)
+    return CompileResult(module, front.weights, shaders, dispatches, plan, prog, front.graph, lim, dumps, spv_files)
 
 
 def _precision(op, prog) -> str:
@@ -413,8 +411,9 @@ def _weights_by_form(prog, plan) -> dict:
 
 def weights_blob(prog, plan) -> tuple[bytearray, dict]:
     """weights.bin: the weight pages one after another, each 256-aligned in the file, and each
-    page's offset in it. Made once per build (the front's), whatever the number of kernel variants;
-    a bytearray, not copied into bytes (the blob of a 650 MB model is 650 MB)."""
+    page's offset in it. Made once per build, by the front (it depends on the program and the
+    memory plan only), whatever the number of kernel variants; a bytearray, not copied into bytes
+    (the blob of a 650 MB model is 650 MB)."""
     pages = [i for i, b in enumerate(plan.buffers) if b.kind == "weights"]
     page_offset, pos = {}, 0
     for i in pages:

@@ -271,11 +271,13 @@ SKELETON_MAX_BYTES = 1 << 16   # initializers this large are graph inputs in _sk
 
 def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
     """The model as ONNX's checker and shape inference need it: every initializer larger than
-    SKELETON_MAX_BYTES or kept in a file (open_model) becomes a typed graph input instead. Both serialize the model they are given
-    (and inference returns a copy), so handing them a 650 MB model cost three more copies of its
-    weights in host memory; the small initializers (shapes, axes) stay for data propagation."""
+    SKELETON_MAX_BYTES, or kept in a file (open_model), becomes a typed graph input instead. Both
+    serialize the model they are given (and inference returns a copy), so handing them a 650 MB
+    model cost three more copies of its weights in host memory; the small initializers (shapes,
+    axes) stay for data propagation."""
     g = proto.graph
-    big = [t for t in g.initializer if _nbytes(t) > SKELETON_MAX_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
+    big = [t for t in g.initializer
+           if _nbytes(t) > SKELETON_MAX_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
     if not big:
         return proto
     out = onnx.ModelProto()

@@ -171,4 +171,5 @@ def tensor_array(t: onnx.TensorProto, base: Path) -> np.ndarray:
                          hint="its byte count must match its shape and type; re-export the model")
     if n == 0:
         return np.zeros(shape, dtype)
-    return np.memmap(file, dtype=np.dtype(dtype).newbyteorder("<"), mode="c", offset=offset, shape=shape)
+    # read-only: a write into a weight raises instead of changing the model's values
+    return np.memmap(file, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=offset, shape=shape)

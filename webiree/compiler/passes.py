@@ -39,9 +39,11 @@ that holds its values exactly (weights keep the size they were shipped in).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
+from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
 from ..ir.program import O, Anchor, Conv, Generic, MatMul, Program, Tensor
@@ -325,7 +327,6 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
         if data.ndim == 0 or 4 * data.size <= max_binding:
             continue
         stored = packing.narrow_bytes(data)     # an int8 or f16 weight is stored narrow (pack_constants)
-        release(data)
         if stored <= max_binding:
             continue
         ops = readers.get(name, [])
@@ -333,9 +334,10 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
             continue
         per_elem = stored / data.size
         flat_parts: dict[tuple, str] = {}    # (first, end) flat element range -> its constant
+        numbers = itertools.count()
 
         def add_part(chunk: np.ndarray) -> str:
-            pname = f"{name}:part{sum(1 for n in prog.tensors if n.startswith(name + ':part'))}"
+            pname = f"{name}:part{next(numbers)}"
             prog.tensors[pname] = Tensor(pname, chunk.shape, t.dtype, kind="const", data=chunk)
             return pname
 
@@ -365,8 +367,6 @@ def _can_read_parts(op, name: str, size: int) -> bool:
 
 def _ranges(rows: int, row_elems: int, per_elem: float, max_binding: int, name: str) -> list[tuple[int, int]]:
     """Rows [first, end) of each part: as many whole rows as one binding holds."""
-    from ..errors import LimitsError
-
     per_part = int(max_binding // (row_elems * per_elem))
     if per_part < 1:
         raise LimitsError(f"constant {name!r}: one row of its first axis ({row_elems:,} values) is larger than "

@@ -9,7 +9,6 @@ later read takes them again. Anything that is not (a view of) a memory map is le
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 
 import numpy as np
@@ -36,9 +35,9 @@ def release(a) -> None:
     if m is None or m.closed:
         return
     try:
-        holder = ctypes.c_char.from_buffer(m)      # the map's address (a writable, private map)
-        base = ctypes.addressof(holder)
-        del holder
+        view = np.frombuffer(m, np.uint8, count=1)      # the map's address (its buffer, exported
+        base = view.ctypes.data                         # only while `view` lives)
+        del view
         first = a.ctypes.data - base
         last = first + a.nbytes
         start = max(first // PAGE * PAGE, 0)

@@ -38,14 +38,12 @@ def _pool(ctx, node, mode):
     pads = window_pads(node, xs[2:], kernel, strides, dilations)
     out_sp = window_out(xs[2:], kernel, strides, dilations, pads, bool(node.attr("ceil_mode", 0)))
     out_shape = [xs[0], xs[1]] + out_sp
-    if mode in ("avg", "max") and ctx.dtype(x) == "f32" and list(kernel) == list(xs[2:]) and not any(pads) and all(d == 1 for d in out_sp) \
-            and not (len(node.outputs) > 1 and node.outputs[1]):
+    whole = list(kernel) == list(xs[2:]) and not any(pads) and all(d == 1 for d in out_sp)
+    if whole and mode in ("avg", "max") and ctx.dtype(x) == "f32" and not (len(node.outputs) > 1 and node.outputs[1]):
         # a window over the whole input is a global pool: a reduction over all of it, which the
         # workgroup tree splits among invocations (a window loop of 300 x 300 in one invocation
         # passes llvmpipe's loop limit)
-        ctx.anchor(Reduce(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x),
-                          mode="mean" if mode == "avg" else "max", outer=xs[0] * xs[1], r=numel(xs[2:]), inner=1),
-                   out_shape)
+        _global_reduce(ctx, node, x, "mean" if mode == "avg" else "max")
         return
     op = Pool(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x), mode=mode,
               x_shape=tuple(xs), out_shape=tuple(out_shape), kernel=tuple(kernel), strides=tuple(strides),
@@ -117,10 +115,15 @@ def global_pool(ctx, node):
         if p not in (1.0, 2.0):
             raise Unsupported(f"GlobalLpPool with p={p}")
         mode = "l1" if p == 1.0 else "l2"
-    out_shape = list(xs[:2]) + [1] * (len(xs) - 2)
+    _global_reduce(ctx, node, x, mode)
+
+
+def _global_reduce(ctx, node, x, mode):
+    """out[n, c, 1, ...] = the reduction `mode` over all of x[n, c]'s spatial elements."""
+    xs = ctx.shape(x)
     op = Reduce(name=node.name, out=node.outputs[0], nodes=[node.name], x=ctx.buffer(x), mode=mode,
                 outer=xs[0] * xs[1], r=numel(xs[2:]), inner=1)
-    ctx.anchor(op, out_shape)
+    ctx.anchor(op, list(xs[:2]) + [1] * (len(xs) - 2))
 
 
 @register("MaxUnpool")
