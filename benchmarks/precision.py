@@ -9,7 +9,10 @@ Usage::
 Variants of each seed model (tests/seed/export_seed_models.py writes them; `--seed-dir`):
 
 - `f32`: the exported model.
-- `fp16`: onnxruntime's float16 converter, keep_io_types=True (float32 in and out).
+- `fp16`: onnxruntime's float16 converter, keep_io_types=True (float32 in and out); with the
+  adapter's limits (the default), activations are stored as halves where the adapter has
+  shader-f16 (compiler/half_storage.py).
+- `fp16-f32act`: the same file, built without shader-f16: activations held in f32 words.
 - `int8-dynamic` (MiniLM): onnxruntime's quantize_dynamic (int8 weights; DynamicQuantizeLinear +
   MatMulInteger).
 - `int8-qdq` (MobileNetV2): quantize_static in QDQ format, per channel, calibrated on 4 seeded inputs.
@@ -37,14 +40,15 @@ import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = {"minilm": ["f32", "fp16", "int8-dynamic", "int4"], "mobilenet_v2": ["f32", "fp16", "int8-qdq"]}
+VARIANTS = {"minilm": ["f32", "fp16", "fp16-f32act", "int8-dynamic", "int4"],
+            "mobilenet_v2": ["f32", "fp16", "fp16-f32act", "int8-qdq"]}
 
 
 def make_variant(src: Path, variant: str, dst: Path, feeds: dict) -> Path:
     from webiree.testing import models as M
     if variant == "f32":
         return src
-    if variant == "fp16":
+    if variant in ("fp16", "fp16-f32act"):
         onnx.save(M.float16_model(src, keep_io_types=True), str(dst))
     elif variant == "int8-dynamic":
         M.quantize_dynamic_model(src, dst)
@@ -70,7 +74,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
     from webiree.bench import alternating_medians, bench
-    from webiree.bundler.site import compile as build
+    from webiree.bundler.site import compile as build, resolve_target
     from webiree.session import InferenceSession
 
     seed = Path(args.seed_dir)
@@ -83,9 +87,12 @@ def main(argv=None) -> int:
             sessions, rows = [], []
             for variant in VARIANTS[model]:
                 path = make_variant(src, variant, tmp / f"{model}-{variant}.onnx", feeds)
-                r = bench(path, 3, 1, args.limits, inputs_path=str(seed / f"{model}.inputs.npz"), log=lambda *a: None)
+                limits = args.limits
+                if variant.endswith("-f32act"):     # the same target without shader-f16: no halves stored
+                    limits = {k: v for k, v in resolve_target(args.limits).as_limits().items() if k != "shader_f16"}
+                r = bench(path, 3, 1, limits, inputs_path=str(seed / f"{model}.inputs.npz"), log=lambda *a: None)
                 site = tmp / f"{model}-{variant}"
-                build(path, site, limits=args.limits)
+                build(path, site, limits=limits)
                 sessions.append(InferenceSession(site))
                 rows.append({"variant": variant, "rel_err": r["results"]["webiree"]["rel_err"],
                              "tolerance": r["tolerance"], "ok": r["results"]["webiree"]["rel_err"] <= r["tolerance"],

@@ -246,6 +246,23 @@ def test_kernel_variant_picked_by_the_adapter(page, server, sites):
     assert r["kind"] == "model" and "no kernel variant 'tpu' (it has: gpu, cpu, cpu-sg8, cpu-sg4)" in r["error"], r
 
 
+def test_half_variant_needs_shader_f16(page, server, sites):
+    """Chromium's SwiftShader has no shader-f16: a build carrying '-f16' variants (halves stored,
+    compiler/half_storage.py) runs its f32-storage kernels there, and a forced '-f16' variant is a
+    'limits' error naming the feature, before anything is created."""
+    from .test_half_storage import feeds, half_model
+    model = half_model()
+    webiree.compile(model, sites[0] / "halves", variants="cpu,cpu-sg4,cpu-f16,cpu-sg4-f16")
+    has = evaluate(page, "async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
+    assert has is False, "SwiftShader now offers shader-f16: run the -f16 variant here instead"
+    r = run_site(page, server, "halves", feeds())
+    check_no_error(r)
+    assert r["variant"] == "cpu-sg4", r["variant"]
+    assert_close(decode_outputs(r)["y"], ort_run(model, feeds())[0], tol=4 * 2.0 ** -10, name="y")
+    r = run_site(page, server, "halves", feeds(), options={"variant": "cpu-sg4-f16"})
+    assert r["kind"] == "limits" and "need the shader-f16 feature" in r["error"], r
+
+
 def test_metadata_types_and_progress(page, server, sites):
     r = run_site(page, server, "tokens", token_feeds())
     check_no_error(r)

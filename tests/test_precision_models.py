@@ -246,6 +246,35 @@ def test_matches_onnxruntime_within_its_noise(models, name, capsys):
                         f"webiree-off {n['dev_off']:.3g} bound {n['bound']:.3g}")
 
 
+FP16 = [n for n, v in VARIANTS.items() if v[3] == "float16"]
+
+
+@pytest.mark.parametrize("name", FP16)
+def test_halves_stored_as_f16_give_the_same_bits(models, name, tmp_path):
+    """With shader-f16 (lavapipe has it) the '-f16' kernel variant stores the float16 activations as
+    halves (compiler/half_storage.py): the same bits as the variant that holds them in f32 words,
+    every dispatch that reads or writes one binding it as array<f16>."""
+    from webiree.compiler import half_storage
+    from webiree.hal_webgpu.wgpu_driver import adapter_limits
+
+    assert adapter_limits().get("shader_f16") == 1, "the test adapter (lavapipe) offers shader-f16"
+    path, model, feeds = models.variant(name)
+    res = webiree.compile(path, tmp_path, {k: list(v.shape) for k, v in feeds.items()}, variants="cpu,cpu-f16")
+    halves = half_storage.half_tensors(res.program)
+    touching = [d for d in res.dispatches if any(res.program.root(t) in halves for t in d.tensors)]
+    plans = [d["precision"] for d in res.module.info["variants"]["cpu-f16"]["dispatches"]]
+    assert len(halves) > 10 and len(touching) > 0.8 * len(res.dispatches), (len(halves), len(touching))
+    assert sum("activations stored as f16" in p for p in plans) == len(touching)
+    assert not any("stored as f16" in d["precision"] for d in res.module.info["variants"]["cpu"]["dispatches"])
+    assert not halves & {res.program.root(n) for n in res.program.inputs + res.program.outputs}
+    got = {v: webiree.InferenceSession(tmp_path, variant=v).run(None, feeds) for v in ("cpu", "cpu-f16")}
+    assert webiree.InferenceSession(tmp_path).variant == "cpu-f16"      # picked where the adapter has it
+    off, on = models.reference(name)
+    for a, b, r_off, r_on, o in zip(got["cpu"], got["cpu-f16"], off, on, model.graph.output, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), o.name
+        within_noise(b, r_off, r_on, "float16", f"{name}:{o.name} (halves stored)")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_weights_keep_their_shipped_size(models, name, capsys):

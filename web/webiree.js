@@ -253,7 +253,8 @@ export function adapterSubgroupSize(a) {
 
 /** The variant whose rule holds for the adapter with the most conditions, else the first (format.py pick_variant). */
 function pickVariant(vs, adapter) {
-  const have = {device_class: adapterClass(adapter), subgroup_size: String(adapterSubgroupSize(adapter) || '')};
+  const have = {device_class: adapterClass(adapter), subgroup_size: String(adapterSubgroupSize(adapter) || ''),
+    shader_f16: adapter?.features?.has?.('shader-f16') ? '1' : ''};
   let best = vs[0], most = -1;
   for (const v of vs) {
     const cond = v.rule.split(',').filter((c) => c.includes('=')).map((c) => c.split('='));
@@ -271,7 +272,7 @@ export function selectVariant(m, adapter, want) {
   if (!vs.length) return m;
   const v = vs.find((x) => x.name === want) ?? pickVariant(vs, adapter);
   const sg = /(?:^|,)subgroup_size=(\d+)/.exec(v.rule);
-  const limits = sg ? {...m.limits, subgroup_size: Number(sg[1])} : m.limits;
+  const limits = {...m.limits, ...(sg ? {subgroup_size: Number(sg[1])} : {}), ...(/(?:^|,)shader_f16=1/.test(v.rule) ? {shader_f16: 1} : {})};
   const isD = (c) => c[0] === OP.DISPATCH || c[0] === OP.DISPATCH_DYN;
   const used = [...new Set(v.commands.filter(isD).map((c) => c[1]))];   // in order of first use: the order they compile in
   const at = (e) => used.indexOf(e);
@@ -575,6 +576,7 @@ async function openDevice(adapter, module, timeout) {
   const requiredLimits = checkLimits(module.limits, adapter);
   const requiredFeatures = adapter.features.has('timestamp-query') ? ['timestamp-query'] : [];
   if (module.limits.subgroup_size) requiredFeatures.push('subgroups');
+  if (module.limits.shader_f16) requiredFeatures.push('shader-f16');
   try {
     return await withTimeout(adapter.requestDevice({requiredLimits, requiredFeatures}), timeout, 'adapter.requestDevice()');
   } catch (e) {
@@ -602,6 +604,10 @@ function checkLimits(needed, adapter) {
       fail('limits', `the model's kernels broadcast within subgroups of ${sg} invocations; this adapter does not guarantee that size`,
         'rebuild the model with the default limits, which run anywhere');
     }
+  }
+  if (needed.shader_f16 && !adapter.features.has('shader-f16')) {
+    fail('limits', "the model's kernels store float16 activations as halves and need the shader-f16 feature, which this adapter does not offer",
+      'use a build with the default variants (one without -f16 runs here)');
   }
   const key = 'min_storage_buffer_offset_alignment';
   const have = adapter.limits[camel(key)];

@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "machine's adapter")
     b.add_argument("--variants", metavar="gpu,cpu,cpu-sg8", default=None,
                    help="the kernel variants the build carries: adapter classes gpu / cpu, each optionally with "
-                        "-sg4/-sg8/-sg16 (matmuls broadcasting within subgroups of that size); default: "
+                        "-sg4/-sg8/-sg16 (matmuls broadcasting within subgroups of that size), then optionally -f16 "
+                        "(float16 activations stored as halves, for adapters with shader-f16); default: "
                         "gpu,cpu,cpu-sg8,cpu-sg4 with the default limits, else the target's one set; the "
                         "runtimes pick one by the adapter at load")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")

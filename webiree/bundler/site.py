@@ -107,12 +107,13 @@ def write_build(result, out_dir, options: dict, pyodide: bool = False, tokenizer
 
 
 def resolve_target(limits) -> Target:
-    """The compiler's Target: 'adapter' reads this machine's adapter (limits, subgroup size and
-    type) through wgpu; presets ('default', 'gpu', 'cpu') and dicts go to Target.resolve."""
+    """The compiler's Target: 'adapter' reads this machine's adapter (limits, subgroup size, type
+    and shader-f16) through wgpu; presets ('default', 'gpu', 'cpu') and dicts go to Target.resolve."""
     if limits == "adapter":
         from ..hal_webgpu.wgpu_driver import adapter_info, adapter_limits
         have = adapter_limits()
-        return Target.from_adapter(have, adapter_info().get("adapter_type", ""), have.get("subgroup_size", 0))
+        return Target.from_adapter(have, adapter_info().get("adapter_type", ""), have.get("subgroup_size", 0),
+                                   features=("shader_f16",) if have.get("shader_f16") else ())
     return Target.resolve(limits)
 
 

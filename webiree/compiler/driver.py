@@ -30,7 +30,7 @@ from ..wgsl_codegen import kernels as K
 from ..ir import kir, packing
 from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
-from . import memory, passes
+from . import half_storage, memory, passes
 from .generation import add_generation_head, head_top_k, vocab_top_k
 from .importer import import_model, open_model
 from ..ir.mapped import release
@@ -128,30 +128,38 @@ def parse_targets(targets) -> tuple:
 
 VARIANTS = ("gpu", "cpu")     # device classes a build can carry kernels for (Target.device_class)
 SUBGROUP_SIZES = (4, 8, 16)   # 'cpu-sg8': the cpu kernels, matmuls broadcasting within subgroups of 8
+HALF_SUFFIX = "-f16"          # 'gpu-f16': float16 activations stored as halves (compiler/half_storage.py)
 
 
 def variant_target(name: str, target: Target) -> Target:
-    """The target a kernel variant is compiled for: `target`'s limits with the variant's device class
-    and, for a name 'CLASS-sgN', subgroups of exactly N invocations (F.variant_rule says the same)."""
-    cls, _, sg = name.partition("-sg")
-    return dataclasses.replace(target, device_class=cls, subgroup_size=int(sg) if sg else 0)
+    """The target a kernel variant is compiled for: `target`'s limits with the variant's device class,
+    for a name 'CLASS-sgN' subgroups of exactly N invocations, for a name ending in '-f16' the
+    shader-f16 feature (F.variant_rule says the same)."""
+    half = name.endswith(HALF_SUFFIX)
+    cls, _, sg = name.removesuffix(HALF_SUFFIX).partition("-sg")
+    features = target.features | {half_storage.FEATURE} if half else target.features - {half_storage.FEATURE}
+    return dataclasses.replace(target, device_class=cls, subgroup_size=int(sg) if sg else 0, features=features)
 
 
 def parse_variants(variants, target: Target) -> tuple:
     """None | 'gpu,cpu' | a sequence of variant names -> a tuple (empty: one set of kernels, as the
     target says). A name is a device class, optionally with '-sgN' (the kernels that broadcast within
-    a subgroup of N invocations, picked only on an adapter that runs such subgroups: N in 4, 8, 16).
-    Variants are compiled at the target's limits, so it must name neither a class nor a subgroup size."""
+    a subgroup of N invocations, picked only on an adapter that runs such subgroups: N in 4, 8, 16),
+    then optionally '-f16' (float16 activations stored as halves, picked only on an adapter with
+    shader-f16; a build whose model has none drops it). Variants are compiled at the target's
+    limits, so it must name neither a class nor a subgroup size."""
     if variants is None:
         return ()
     if isinstance(variants, str):
         variants = [v.strip() for v in variants.split(",") if v.strip()]
     out = tuple(variants)
     ok = {*VARIANTS, *(f"{c}-sg{n}" for c in VARIANTS for n in SUBGROUP_SIZES)}
+    ok |= {v + HALF_SUFFIX for v in ok}
     bad = [v for v in out if v not in ok]
     if bad or not out or len(set(out)) != len(out):
         raise LimitsError(f"variants must be distinct names among {', '.join(VARIANTS)} (each optionally with "
-                          f"-sg{'/'.join(map(str, SUBGROUP_SIZES))}), not {out}", hint="e.g. --variants gpu,cpu,cpu-sg8")
+                          f"-sg{'/'.join(map(str, SUBGROUP_SIZES))}, then optionally {HALF_SUFFIX}), not {out}",
+                          hint="e.g. --variants gpu,cpu,cpu-sg8,gpu-f16")
     if target.device_class or target.subgroup_size:
         raise LimitsError(f"kernel variants need a target of no device class and no subgroup size; this one is for "
                           f"{target.device_class or 'any'} adapters" +
@@ -266,20 +274,21 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
     dumps = dict(front.dumps)
     stage[0] = "kernels"
     cache = {} if cache is None else cache
+    halves = half_storage.half_tensors(prog) if half_storage.FEATURE in target.features else frozenset()
     dispatches, rendered = [], []
     for i, op in enumerate(prog.ops):
         cfg = _choose(op, prog, lim)
         key = (i, target.device_class, repr(cfg.as_dict()))
         if key not in cache:
-            d = _build_kernel(op, prog, lim, cfg)
-            text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
-            spv = None
-            if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
-                from ..wgsl_codegen import spirv
-                spv = spirv.emit(legalize(d.kernel, spirv.SUPPORTS))
-            cache[key] = (d, text, spv)
-        dispatches.append(cache[key][0])
-        rendered.append(cache[key][1:])
+            cache[key] = _render(_build_kernel(op, prog, lim, cfg), targets)
+        if halves and (key, "f16") not in cache:
+            d = cache[key][0]
+            kernel = half_storage.store_halves(d.kernel, d.tensors, prog, halves)
+            cache[key, "f16"] = cache[key] if kernel is d.kernel else \
+                _render(dataclasses.replace(d, kernel=kernel), targets)
+        d, text, spv = cache[(key, "f16") if halves else key]
+        dispatches.append(d)
+        rendered.append((text, spv))
     check_dispatch_limits(dispatches, lim)
     sources: dict[str, int] = {}
     executables, shaders, exec_of, spv_files = [], [], [], []
@@ -314,9 +323,20 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
     return CompileResult(module, front.weights, shaders, dispatches, plan, prog, front.graph, lim, dumps, spv_files)
 
 
-def _precision(op, prog) -> str:
+def _render(d, targets) -> tuple:
+    """(dispatch, WGSL text, SPIR-V words or None): the kernel legalized and rendered per target."""
+    text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
+    spv = None
+    if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
+        from ..wgsl_codegen import spirv
+        spv = spirv.emit(legalize(d.kernel, spirv.SUPPORTS))
+    return d, text, spv
+
+
+def _precision(op, prog, kernel=None) -> str:
     """The dispatch's precision plan, as inspect shows it: what it computes and accumulates in, the
-    storage forms of the weights it reads (ir/packing.py) and the narrow type its result is rounded to."""
+    storage forms of the weights it reads (ir/packing.py), the narrow type its result is rounded to
+    and whether it reads or writes activations stored as halves (compiler/half_storage.py)."""
     forms = sorted({prog.tensors[prog.root(r)].pack for r in op.reads()
                     if prog.tensors[prog.root(r)].kind == "const" and prog.tensors[prog.root(r)].pack})
     exprs = [getattr(op, "expr", None), getattr(op, "epilogue", None), getattr(op, "result", None)]
@@ -327,6 +347,8 @@ def _precision(op, prog) -> str:
         plan += ", weights " + "/".join(forms)
     if rounded:
         plan += ", result rounded to " + "/".join(rounded)
+    if kernel is not None and half_storage.uses_halves(kernel):
+        plan += ", activations stored as f16"
     return plan
 
 
@@ -352,7 +374,8 @@ def merge_variants(names, results) -> CompileResult:
     on the weights blob, buffers, inputs, outputs and symbols: a difference is a CompilerBug."""
     base = results[0]
     m0 = base.module
-    limits = {k: v for k, v in m0.limits.items() if k != "subgroup_size"}
+    own = ("subgroup_size", half_storage.FEATURE)     # a variant's own, named by its rule
+    limits = {k: v for k, v in m0.limits.items() if k not in own}
     for name, r in zip(names[1:], results[1:]):
         m = r.module
         for what, a, b in (("weights blob", r.weights, base.weights), ("buffers", m.buffers, m0.buffers),
@@ -362,8 +385,8 @@ def merge_variants(names, results) -> CompileResult:
             if a != b:
                 raise CompilerBug(f"the {name} kernel variant's {what} differ from the {names[0]} variant's",
                                   hint="variants share one schedule and weights.bin; please report this")
-        for k, v in m.limits.items():   # equal limits; a variant's subgroup size is its rule's
-            if k != "subgroup_size" and limits.setdefault(k, v) != v:
+        for k, v in m.limits.items():   # equal limits; a variant's subgroup size and features are its rule's
+            if k not in own and limits.setdefault(k, v) != v:
                 raise CompilerBug(f"the {name} kernel variant needs {k} = {v}, the {names[0]} variant {limits[k]}")
     executables, shaders, spirv, index, variants = [], [], [], {}, []
     for name, r in zip(names, results):
@@ -383,9 +406,9 @@ def merge_variants(names, results) -> CompileResult:
         commands = [(c[0], remap[c[1]], *c[2:]) if c[0] in (F.OP_DISPATCH, F.OP_DISPATCH_DYN) else c
                     for c in r.module.commands]
         dispatches = [{**d, "exec": remap[d["exec"]]} for d in r.module.info["dispatches"]]
-        cls = name.partition("-sg")[0]
-        if any(v.name.partition("-sg")[0] == cls and v.commands == commands for v in variants):
-            continue    # a subgroup variant that uses no subgroups is its class's variant: not carried
+        cls = name.split("-")[0]
+        if any(v.name.split("-")[0] == cls and v.commands == commands for v in variants):
+            continue    # a subgroup (or -f16) variant that uses no subgroups (no halves) repeats one: not carried
         variants.append(F.Variant(name, F.variant_rule(name), commands, r.module.registers, {"dispatches": dispatches}))
     info = {**m0.info, "dispatches": variants[0].info["dispatches"],
             "variants": {v.name: {"rule": v.rule, **v.info} for v in variants}}
@@ -459,7 +482,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
         info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": [str(g) for g in d.grid]
                                 if not is_static(d.grid) else list(d.grid),
                                 "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors,
-                                "flops": op_flops(op), "precision": _precision(op, prog)})
+                                "flops": op_flops(op), "precision": _precision(op, prog, d.kernel)})
     commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
     symbols = []
     if regs is not None:
@@ -478,8 +501,10 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
     if prog.symbols:   # the symbolic shapes of the boundary, for inspect
         info["shapes"] = {shown: [str(d) for d in prog.tensors[n].shape]
                           for n, shown in list(zip(prog.inputs, prog.inputs)) + list(zip(prog.outputs, prog.output_names))}
-    limits = {k: int(v) for k, v in lim.items() if isinstance(v, int)}
+    limits = {k: int(v) for k, v in lim.items() if isinstance(v, int) and not isinstance(v, bool)}
     if not any(kir.uses_subgroups(d.kernel) for d in dispatches):
         limits.pop("subgroup_size", None)    # recorded only where a kernel relies on it
+    if any(half_storage.uses_halves(d.kernel) for d in dispatches):
+        limits[half_storage.FEATURE] = 1     # likewise the feature: the runtimes request it
     return F.Module(executables, buffers, inputs, outputs, commands, limits, info,
                     regs.count if regs is not None else 0, symbols)

@@ -516,6 +516,9 @@ def _lower(ctx, graph, registry) -> Program:
         outputs.append(name_out)
         ctx.onnx_types[name_out] = graph.types[name].elem_type if name in graph.types else _default_onnx_type(ctx, name)
     prog = Program(graph.name, ctx.tensors, ctx.ops, list(graph.inputs), outputs, list(graph.outputs))
+    for name, kind in ctx.rounded.items():
+        if name in prog.tensors:
+            prog.tensors[name].rounded = kind
     if graph.symbols:
         from ..ir.sym import DIMS_BUFFER
         prog.symbols = sorted((d.symbols()[0] for d in graph.symbols.values()), key=lambda s: s.index)

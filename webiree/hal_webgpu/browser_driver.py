@@ -266,9 +266,11 @@ class BrowserDriver(Driver):
                               hint="enable hardware acceleration, or try another browser")
         needed = dict(needed_limits or {})
         have = _limits_of(adapter.limits)
+        if adapter.features.has("shader-f16"):
+            have["shader_f16"] = 1
         check_requirements(needed, have)   # the same LimitsError as the native driver
         required = {_camel(k): needed[k] for k in CHECKED_LIMITS if k in needed and k in have}
-        features = [f for f in ("timestamp-query", "subgroups") if adapter.features.has(f)]
+        features = [f for f in ("timestamp-query", "subgroups", "shader-f16") if adapter.features.has(f)]
         what = "adapter.requestDevice()"
         try:
             device = await helpers.withTimeout(
@@ -277,6 +279,8 @@ class BrowserDriver(Driver):
         except ffi.JsException as e:
             raise DeviceError(f"the WebGPU adapter refused a device: {getattr(e, 'message', e)}") from None
         drv = cls(adapter, device, timeout_ms)
+        if "shader-f16" in features:
+            drv._limits["shader_f16"] = 1     # halves in storage (compiler/half_storage.py)
         size = _subgroup_size(adapter) if "subgroups" in features else 0
         if size:
             drv._limits["subgroup_size"] = size

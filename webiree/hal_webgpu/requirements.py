@@ -26,6 +26,10 @@ def check_requirements(needed: dict, have: dict) -> None:
                           f"invocations; this adapter {offers}",
                           hint="rebuild the model for this adapter (webiree build --limits adapter) "
                                "or with the default limits, which run anywhere")
+    if needed.get("shader_f16") and not have.get("shader_f16"):
+        raise LimitsError("the model's kernels store float16 activations as halves and need the shader-f16 "
+                          "feature, which this adapter does not offer",
+                          hint="use a build with the default variants (one without -f16 runs here)")
     key = "min_storage_buffer_offset_alignment"
     if key in needed and key in have and needed[key] % have[key]:
         raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")
@@ -47,5 +51,7 @@ def adapter_class(info: dict) -> str:
 
 def adapter_facts(info: dict, limits: dict) -> dict:
     """What a kernel variant's rule is matched against (module/format.py pick_variant): the device
-    class and the subgroup size the driver measured or the adapter guarantees (0: none usable)."""
-    return {"device_class": adapter_class(info), "subgroup_size": int(limits.get("subgroup_size") or 0)}
+    class, the subgroup size the driver measured or the adapter guarantees (0: none usable), and
+    whether the device has shader-f16 (`limits` carries shader_f16: 1 where it does)."""
+    return {"device_class": adapter_class(info), "subgroup_size": int(limits.get("subgroup_size") or 0),
+            "shader_f16": int(limits.get("shader_f16") or 0)}

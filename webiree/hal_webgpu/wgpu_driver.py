@@ -55,7 +55,7 @@ def request_device():
         if adapter is None:
             raise DeviceError("no WebGPU adapter found", hint=NO_ADAPTER_HINT)
         limits = {k: adapter.limits[k] for k in _LIMIT_KEYS if k in adapter.limits}
-        features = [f for f in ("timestamp-query", "subgroup") if f in adapter.features]
+        features = [f for f in ("timestamp-query", "subgroup", "shader-f16") if f in adapter.features]
         try:
             device = adapter.request_device_sync(required_limits=limits, required_features=features)
         except Exception as e:
@@ -66,9 +66,12 @@ def request_device():
 
 def adapter_limits() -> dict:
     """The shared adapter's limits under snake_case names, plus `subgroup_size` where the device
-    runs a workgroup of that many invocations as exactly one subgroup (see subgroup_size())."""
+    runs a workgroup of that many invocations as exactly one subgroup (see subgroup_size()) and
+    `shader_f16: 1` where the device has that feature."""
     adapter, _ = request_device()
     out = {k.replace("-", "_"): v for k, v in adapter.limits.items() if isinstance(v, int)}
+    if "shader-f16" in request_device()[1].features:
+        out["shader_f16"] = 1       # halves in storage (compiler/half_storage.py)
     size = subgroup_size()
     if size:
         out["subgroup_size"] = size

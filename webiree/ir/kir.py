@@ -22,7 +22,9 @@ bind it once with `let`. Arithmetic on constants is folded at construction,
 which keeps index math (strides, offsets) small.
 
 Scalar types: 'f32', 'i32', 'u32', 'bool'; one vector type, 'vec4f' (four
-f32), for wide loads and stores. Index math is i32 throughout.
+f32), for wide loads and stores. Index math is i32 throughout. 'f16' and 'vec4h' are
+storage types only (a binding of halves, compiler/half_storage.py): a load of one is cast to
+f32 / vec4f at once, and a value is cast to it only to be stored.
 """
 
 from __future__ import annotations
@@ -276,7 +278,7 @@ def select(cond: Expr, if_true, if_false) -> Expr:
 def cast(x: Expr, dtype: str) -> Expr:
     if x.dtype == dtype:
         return x
-    if x.is_const:
+    if x.is_const and dtype in SCALARS:
         v = x.attr
         if dtype == "f32":
             return const(float(v), dtype)

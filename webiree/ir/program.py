@@ -101,6 +101,8 @@ class Tensor:
     alias_of: str | None = None      # for views: the tensor whose buffer this reuses
     pack: str | None = None          # constants: the narrow form weights.bin stores it in (ir/packing.py)
     table_word: int | None = None    # a small constant: its first word in the constant table (compiler/memory.py)
+    rounded: str | None = None       # 'f16' / 'bf16': an f32 tensor whose every value is one of that type
+                                     # (lowering.round_narrow_outputs); f16 ones may be stored as halves
 
     @property
     def nbytes(self) -> int:

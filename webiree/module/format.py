@@ -40,15 +40,17 @@ OPCODE_ARITY = {OP_UPLOAD_INPUT: 1, OP_READBACK: 1, OP_SET_REG: 2,
 # VARS: kernel variants for classes of adapter (docs/schedule-module.md). A rule names what the
 # adapter must be for its variant to be picked: comma-separated conditions 'key=value' on the
 # adapter's facts (device_class: gpu | cpu; subgroup_size: N, where a workgroup of N invocations
-# runs as exactly one subgroup). The variant whose rule holds with the most conditions is picked;
+# runs as exactly one subgroup; shader_f16: 1, the adapter offers shader-f16). The variant whose rule holds with the most conditions is picked;
 # the first variant where none holds.
 VARIANTS_TAG = b"VARS"
 
 
 def variant_rule(name: str) -> str:
-    """The rule of a variant named 'CLASS' or 'CLASS-sgN' (compiler/driver.py variant_target)."""
-    cls, _, sg = name.partition("-sg")
-    return f"device_class={cls}" + (f",subgroup_size={sg}" if sg else "")
+    """The rule of a variant named 'CLASS', 'CLASS-sgN', each optionally with '-f16' (compiler/driver.py
+    variant_target): 'device_class=cpu,subgroup_size=8,shader_f16=1'."""
+    half = name.endswith("-f16")
+    cls, _, sg = name.removesuffix("-f16").partition("-sg")
+    return f"device_class={cls}" + (f",subgroup_size={sg}" if sg else "") + (",shader_f16=1" if half else "")
 
 
 def rule_conditions(rule: str) -> dict:
@@ -399,7 +401,8 @@ def validate_module(m: Module) -> None:
     check(len({v.name for v in m.variants}) == len(m.variants), "two variants share a name")
     for v in m.variants:
         cond = rule_conditions(v.rule)
-        check(set(cond) <= {"device_class", "subgroup_size"} and cond.get("subgroup_size", "1").isdigit(),
+        check(set(cond) <= {"device_class", "subgroup_size", "shader_f16"} and cond.get("subgroup_size", "1").isdigit()
+              and cond.get("shader_f16", "1") == "1",
               f"variant {v.name!r} has a rule this reader does not know: {v.rule!r}")
         check(v.registers >= nsym and all(r is None or r < v.registers for io in m.outputs for r in io.regs),
               f"variant {v.name!r} has fewer registers than its symbols and outputs name")
@@ -490,7 +493,8 @@ def pick_variant(m: Module, facts, requested: str | None = None) -> str:
     """The variant a session runs: `requested` (a name; ModuleFormatError naming the variants if
     the build has no such one), else the one whose rule holds for the adapter's `facts`
     ({'device_class': 'gpu'|'cpu', 'subgroup_size': N or 0}; a str is the device class alone) with
-    the most conditions (the first of equals), else the first. "" for a module without variants."""
+    the most conditions (the first of equals), else the first. "" for a module without variants.
+    facts may also say 'shader_f16': 1 (the adapter offers shader-f16)."""
     names = [v.name for v in m.variants]
     if requested:
         if requested not in names:   # webiree.js says the same
@@ -525,9 +529,9 @@ def select_variant(m: Module, name: str) -> Module:
     info = {k: val for k, val in m.info.items() if k != "variants"}
     info["dispatches"] = [{**d, "exec": new.get(d.get("exec"), d.get("exec"))} for d in v.info.get("dispatches", [])]
     limits = dict(m.limits)
-    sg = rule_conditions(v.rule).get("subgroup_size")
-    if sg:
-        limits["subgroup_size"] = int(sg)
+    for key in ("subgroup_size", "shader_f16"):     # the rule's own requirements
+        if rule_conditions(v.rule).get(key):
+            limits[key] = int(rule_conditions(v.rule)[key])
     return Module([m.executables[i] for i in used], m.buffers, m.inputs, m.outputs, commands, limits, info,
                   v.registers, m.symbols, [], name)
 

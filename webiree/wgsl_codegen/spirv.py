@@ -36,7 +36,7 @@ from .spirv_module import (
     GLSL, SC_FUNCTION, SC_INPUT, SC_STORAGE, SC_WORKGROUP, SCOPE_WORKGROUP, SEM_ACQREL_WGMEM, Module,
     OpAccessChain, OpBitcast, OpBranch, OpBranchConditional, OpCapability, OpCompositeConstruct,
     OpCompositeExtract, OpControlBarrier, OpConvertFToS, OpConvertFToU, OpConvertSToF, OpConvertUToF,
-    OpDecorate, OpEntryPoint, OpExecutionMode, OpExtInst, OpExtInstImport, OpFNegate, OpFunction,
+    OpDecorate, OpEntryPoint, OpExecutionMode, OpExtension, OpExtInst, OpExtInstImport, OpFConvert, OpFNegate, OpFunction,
     OpFunctionEnd, OpIEqual, OpINotEqual, OpLabel, OpLoad, OpLogicalAnd, OpLogicalEqual, OpLogicalNot,
     OpLogicalNotEqual, OpLogicalOr, OpLoopMerge, OpMemoryModel, OpName, OpNot, OpReturn, OpSelect,
     OpSelectionMerge, OpSNegate, OpStore, OpVariable, f32_bits, string)
@@ -70,7 +70,10 @@ CLAMP = {"f": "fclamp", "s": "sclamp", "u": "uclamp"}
 KIND = {"f32": "f", "vec4f": "f", "i32": "s", "u32": "u", "bool": "b"}
 # (source, result) -> conversion opcode (f32 -> int operands are in range after legalization)
 CONVERT = {("i32", "f32"): OpConvertSToF, ("u32", "f32"): OpConvertUToF, ("f32", "i32"): OpConvertFToS,
-           ("f32", "u32"): OpConvertFToU, ("i32", "u32"): OpBitcast, ("u32", "i32"): OpBitcast}
+           ("f32", "u32"): OpConvertFToU, ("i32", "u32"): OpBitcast, ("u32", "i32"): OpBitcast,
+           # halves in storage (compiler/half_storage.py): widened when loaded, narrowed (exact) to be stored
+           ("f16", "f32"): OpFConvert, ("f32", "f16"): OpFConvert, ("vec4h", "vec4f"): OpFConvert,
+           ("vec4f", "vec4h"): OpFConvert}
 
 BUILTINS = {"gid": 28, "lid": 27, "wid": 26, "nwg": 24, "lindex": 29}
 
@@ -147,6 +150,9 @@ class _Emitter:
         m = self.m
         k = self.k
         m.ins(m.header, OpCapability, 1)  # Shader
+        halves = any(b.dtype in ("f16", "vec4h") for b in k.bindings)
+        if halves:
+            m.ins(m.header, OpCapability, 4433)  # StorageBuffer16BitAccess (loads, stores, OpFConvert)
         if kir.uses_subgroups(k):
             m.ins(m.header, OpCapability, 61)  # GroupNonUniform
             m.ins(m.header, OpCapability, 64)  # GroupNonUniformBallot (OpGroupNonUniformBroadcast)
@@ -201,6 +207,8 @@ class _Emitter:
         function += self.vars + self.prelude + self.code
         m.ins(function, OpFunctionEnd)
         # header: capability, ext import, memory model, entry point, execution mode
+        if halves:
+            m.ins(m.header, OpExtension, string("SPV_KHR_16bit_storage"))
         m.ins(m.header, OpExtInstImport, self.glsl, string("GLSL.std.450"))
         m.ins(m.header, OpMemoryModel, 0, 1)  # Logical GLSL450
         m.ins(m.header, OpEntryPoint, 5, main, string("main"), interface)  # GLCompute

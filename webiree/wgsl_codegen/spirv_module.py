@@ -11,14 +11,14 @@ MAGIC = 0x07230203
 VERSION_1_3 = 0x00010300
 
 # opcodes (SPIR-V 1.3 unified spec)
-OpName, OpExtInstImport, OpExtInst, OpMemoryModel, OpEntryPoint = 5, 11, 12, 14, 15
+OpName, OpExtension, OpExtInstImport, OpExtInst, OpMemoryModel, OpEntryPoint = 5, 10, 11, 12, 14, 15
 OpExecutionMode, OpCapability = 16, 17
 OpTypeVoid, OpTypeBool, OpTypeInt, OpTypeFloat, OpTypeVector = 19, 20, 21, 22, 23
 OpTypeArray, OpTypeRuntimeArray, OpTypeStruct, OpTypePointer, OpTypeFunction = 28, 29, 30, 32, 33
 OpConstantTrue, OpConstantFalse, OpConstant, OpConstantNull = 41, 42, 43, 46
 OpFunction, OpFunctionEnd, OpVariable, OpLoad, OpStore, OpAccessChain = 54, 56, 59, 61, 62, 65
 OpDecorate, OpMemberDecorate, OpCompositeConstruct, OpCompositeExtract = 71, 72, 80, 81
-OpConvertFToU, OpConvertFToS, OpConvertSToF, OpConvertUToF, OpBitcast = 109, 110, 111, 112, 124
+OpConvertFToU, OpConvertFToS, OpConvertSToF, OpConvertUToF, OpFConvert, OpBitcast = 109, 110, 111, 112, 115, 124
 OpSNegate, OpFNegate = 126, 127
 OpLogicalEqual, OpLogicalNotEqual, OpLogicalOr, OpLogicalAnd, OpLogicalNot, OpSelect = 164, 165, 166, 167, 168, 169
 OpIEqual, OpINotEqual = 170, 171
@@ -81,7 +81,7 @@ class Module:
         out.extend(words)
 
     def type(self, key) -> int:
-        """key: 'void' | 'bool' | 'f32' | 'i32' | 'u32' | 'vec4f' | 'bvec4' | 'uvec3' |
+        """key: 'void' | 'bool' | 'f32' | 'i32' | 'u32' | 'vec4f' | 'f16' | 'vec4h' | 'bvec4' | 'uvec3' |
         ('ptr', sc, key) | ('array', key, n) | ('rtarray', key) | ('block', key) | ('fn',)"""
         got = self._types.get(key)
         if got is not None:
@@ -98,6 +98,10 @@ class Module:
             i = self.id(); self.ins(self.globals, OpTypeInt, i, 32, 0)
         elif key == "vec4f":
             c = self.type("f32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
+        elif key == "f16":      # storage only (StorageBuffer16BitAccess)
+            i = self.id(); self.ins(self.globals, OpTypeFloat, i, 16)
+        elif key == "vec4h":
+            c = self.type("f16"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
         elif key == "bvec4":
             c = self.type("bool"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
         elif key == "uvec3":
@@ -110,7 +114,8 @@ class Module:
         elif key[0] == "rtarray":
             t = self.type(key[1]); i = self.id()
             self.ins(self.globals, OpTypeRuntimeArray, i, t)
-            self.ins(self.annotations, OpDecorate, i, 6, 16 if key[1] == "vec4f" else 4)   # ArrayStride
+            stride = {"vec4f": 16, "vec4h": 8, "f16": 2}.get(key[1], 4)
+            self.ins(self.annotations, OpDecorate, i, 6, stride)   # ArrayStride
         elif key[0] == "block":
             a = self.type(("rtarray", key[1])); i = self.id()
             self.ins(self.globals, OpTypeStruct, i, a)

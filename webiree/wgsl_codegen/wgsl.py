@@ -27,7 +27,8 @@ SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cas
 # once per shader (a float16 model rounds every result: inlined, the formula would be repeated per value)
 HELPERS = ("round_f16", "round_bf16")
 
-TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "vec4f": "vec4<f32>"}
+TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "vec4f": "vec4<f32>", "f16": "f16",
+        "vec4h": "vec4<f16>"}
 
 INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%",
@@ -236,6 +237,8 @@ def render(kernel: kir.Kernel) -> str:
     r = _Renderer(kernel)
     r.stmts(kernel.body, 1)
     head = [f"// webiree kernel {kernel.name}"]
+    if any(b.dtype in ("f16", "vec4h") for b in kernel.bindings):
+        head.append("enable f16;")     # halves in storage (compiler/half_storage.py): needs shader-f16
     for b in kernel.bindings:
         if b.uniform:
             head.append(f"@group(0) @binding({b.slot}) var<uniform> {b.name}: array<vec4<i32>, {-(-b.uniform // 4)}>;")

@@ -1,0 +1,104 @@
+"""Half storage: float16 activations kept as f16 in GPU memory where the adapter has `shader-f16`.
+
+A float16 model's run-time tensors are computed in f32 and rounded to float16 where the graph
+produces them (lowering.round_narrow_outputs), so every value such a tensor holds is a half. On
+an adapter without `shader-f16` they sit in f32 words. A kernel variant built for `shader-f16`
+(names ending in `-f16`, compiler/driver.py) stores them as `array<f16>` instead: each store
+converts an exact half (exact on every adapter), each load widens it back, and the arithmetic
+between stays in f32, as before. The results are bit for bit those of the f32-storage variant;
+what changes is the memory traffic of every dispatch that reads or writes such a tensor, halved.
+
+Which tensors (`half_tensors`): temporaries only (inputs, outputs and constants keep their
+form: the runtimes' boundary and weights.bin are shared by every variant) whose producer's
+result is provably a half: a rounding to f16, or data movement among halves. Views read their
+root's storage, so the decision is per buffer root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..ir import kir, packing
+from ..ir import program as P
+
+FEATURE = "shader_f16"          # Target.features / module limits key; WebGPU's 'shader-f16'
+HALF = {"f32": "f16", "vec4f": "vec4h"}
+
+_EXACT_OPS = {"select", "neg", "abs", "min", "max"}     # give back one of their operands' values
+
+
+def _result(op: P.Op):
+    """The expression of the op's stored value (None: an anchor's unrounded accumulator)."""
+    if isinstance(op, P.Generic):
+        return op.expr
+    if isinstance(op, P.Loop):
+        return op.result
+    return getattr(op, "epilogue", None)
+
+
+def _is_half(e: kir.Expr, prog: P.Program, halves: set) -> bool:
+    if e.dtype != "f32":
+        return True         # a select's condition, an index
+    if e.op in ("round_f16", "unpack_f16"):
+        return True
+    if e.op == "const":
+        return bool(packing.is_exact(np.float32(e.attr), "f16"))
+    if e.op == "load":
+        t = prog.tensors.get(e.attr)
+        return t is not None and (t.rounded == "f16" or prog.root(e.attr) in halves)
+    if e.op in _EXACT_OPS:
+        return all(_is_half(a, prog, halves) for a in e.args)
+    return False
+
+
+def half_tensors(prog: P.Program) -> frozenset:
+    """Buffer roots a `-f16` variant stores as halves (see the module's docstring)."""
+    producer = {op.out: op for op in prog.ops}
+    out = set()
+    for name, t in prog.tensors.items():
+        if t.alias_of is not None or t.kind != "temp" or t.dtype != "f32" or t.rounded != "f16":
+            continue
+        op = producer.get(name)
+        e = _result(op) if op is not None else None
+        if e is not None and _is_half(e, prog, out):
+            out.add(name)
+    return frozenset(out)
+
+
+def store_halves(kernel: kir.Kernel, tensors: list, prog: P.Program, halves: frozenset) -> kir.Kernel:
+    """The kernel with the bindings of `halves` (slot i binds tensors[i]) as f16 arrays: stores
+    convert, loads widen. The kernel itself when it binds none."""
+    names = {b.name: HALF[b.dtype] for b in kernel.bindings
+             if not b.uniform and b.dtype in HALF and prog.root(tensors[b.slot]) in halves}
+    if not names:
+        return kernel
+
+    def fn(node):
+        if node.op == "load" and node.attr in names:
+            index = kir.substitute(node.args[0], {"__fn__": fn})
+            return kir.cast(kir.load(node.attr, index, names[node.attr]), node.dtype)
+        return None
+    cache: dict = {}
+    body = kir.map_exprs(kernel.body, lambda e: kir.substitute(e, {"__fn__": fn}, cache))
+    body = _convert_stores(body, names)
+    bindings = [dataclasses.replace(b, dtype=names.get(b.name, b.dtype)) for b in kernel.bindings]
+    return dataclasses.replace(kernel, bindings=bindings, body=body)
+
+
+def _convert_stores(body: list, names: dict) -> list:
+    out = []
+    for s in body:
+        if isinstance(s, kir.Store) and s.buf in names:
+            s = kir.Store(s.buf, s.index, kir.cast(s.value, names[s.buf]))
+        elif isinstance(s, kir.For):
+            s = dataclasses.replace(s, body=_convert_stores(s.body, names))
+        elif isinstance(s, kir.If):
+            s = kir.If(s.cond, _convert_stores(s.then, names), _convert_stores(s.orelse, names))
+        out.append(s)
+    return out
+
+
+def uses_halves(kernel: kir.Kernel) -> bool:
+    return any(b.dtype in HALF.values() for b in kernel.bindings)
