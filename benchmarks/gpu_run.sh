@@ -21,7 +21,8 @@ sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not 
 # STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch, dynamic,
 # precision (f32 / fp16 / int8 / int4 variants of MiniLM and MobileNetV2), generation (a GPT-2-small-sized
 # decoder generating token by token: webiree vs onnxruntime CPU and torch CUDA; GEN_REPEAT generations each,
-# GEN_VARIANTS of f32,fp16,int4, GEN_ARGS passed on, e.g. "--layers 2")
+# GEN_VARIANTS of f32,fp16,int4, GEN_ARGS passed on, e.g. "--layers 2"), tune (webiree tune per model:
+# the tuning tables of benchmarks/tuning/, each with its tuned / heuristic end-to-end ratio)
 STAGES=${STAGES:-variants models torch dynamic precision generation}
 if [[ $STAGES == *variants* ]]; then
   python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt" || status=1
@@ -33,13 +34,27 @@ if [[ $STAGES == *generation* ]]; then  # per-token latency; exits 1 if webiree'
   python3 benchmarks/generation.py --repeat ${GEN_REPEAT:-5} --variants ${GEN_VARIANTS:-f32,fp16,int4} ${GEN_ARGS:-} \
     --json "$OUT/generation.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
 fi
-[[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* ]] || exit $status
+[[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* || $STAGES == *tune* || $STAGES == *compare* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
 if [[ $STAGES == *precision* ]]; then  # each variant checked within its model's tolerance, then timed in turns
   python3 benchmarks/precision.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/precision.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
 fi
-[[ $STAGES == *models* || $STAGES == *torch* ]] || exit $status
 python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
+if [[ $STAGES == *tune* ]]; then  # a table per model, written as soon as it is measured
+  for m in ${TUNE_MODELS:-matmul4096 mobilenet_v2 minilm deeplabv3 mobilebert}; do
+    inputs=/tmp/seed/$m.inputs.npz; [[ -f $inputs ]] || inputs=
+    python3 -m webiree.cli tune /tmp/seed/$m.onnx ${inputs:+--inputs $inputs} --runs ${TUNE_RUNS:-10} \
+      --out "$OUT/tune-$m.json" 2>&1 | grep -v "^Forcing\|round " || status=1
+  done
+fi
+if [[ $STAGES == *compare* ]]; then  # this commit's heuristic vs each model's table and the heuristic recorded in it
+  for m in ${TUNE_MODELS:-mobilenet_v2 minilm deeplabv3}; do
+    t=benchmarks/tuning/h200-$m.json; [[ -f $OUT/tune-$m.json ]] && t=$OUT/tune-$m.json   # a table just measured
+    python3 benchmarks/tuning_compare.py /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --table $t \
+      --recorded-heuristic $t --runs ${RUNS:-30} 2>&1 | grep -v "^Forcing" || status=1
+  done
+fi
+[[ $STAGES == *models* || $STAGES == *torch* ]] || exit $status
 if [[ $STAGES == *models* ]]; then  # webiree with the adapter's limits (bench's default), onnxruntime CPU
   for m in ${MODELS:-mobilenet_v2 deeplabv3 minilm mobilebert}; do
     python3 -m webiree.cli bench /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} ${BENCH_ARGS:-} --json "$OUT/$m.json" 2>&1 | grep -v "^Forcing" || status=1

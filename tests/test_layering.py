@@ -1,7 +1,7 @@
 """The package layering of docs/architecture.md, checked on every import in webiree/
 (those inside functions too): imports point down, and no files import each other in a circle.
 
-    top           cli, bundler, session, onnx_backend, bench, demo_model, testing, webiree/__init__
+    top           cli, bundler, session, onnx_backend, bench, tune, demo_model, testing, webiree/__init__
     compiler      may import wgsl_codegen, module, ir, errors, dtypes, target
     wgsl_codegen  may import ir, errors, dtypes, target
     runtime core  hal_webgpu, runtime_py: may import module, errors, version, dtypes (never the compiler);
@@ -33,7 +33,7 @@ ALLOWED = {
     "hal_webgpu": {"module", "errors", "version", "dtypes"},
     "runtime_py": {"hal_webgpu", "module", "errors", "version", "dtypes", "text"},
     "text": {"errors"},
-    **{name: TOP for name in ("cli", "bundler", "session", "onnx_backend", "bench", "demo_model", "testing",
+    **{name: TOP for name in ("cli", "bundler", "session", "onnx_backend", "bench", "tune", "demo_model", "testing",
                               "webiree")},
 }
 

@@ -55,7 +55,7 @@ def cmd_build(args) -> int:
     res = build(args.model, args.out, _parse_shapes(args.input_shape), limits=args.limits,
                 validate=not args.no_validate, dump_after=dump, pyodide=args.pyodide, targets=args.target,
                 tokenizer=args.tokenizer, dims=_parse_dims(args.dim), generation=args.generation, task=args.task,
-                variants=args.variants)
+                variants=args.variants, tuning=args.tuning)
     for stage in dump:
         print(f"// ---- after {stage}\n{res.dumps.get(stage, '')}")
     m = res.manifest
@@ -162,6 +162,17 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from .errors import ModelError
+    from .tune import tune
+
+    if not Path(args.model).is_file():
+        raise ModelError(f"no such file: {args.model}", hint="give an .onnx model")
+    tune(args.model, args.out, _parse_shapes(args.input_shape), runs=args.runs, warmup=args.warmup,
+         limits=args.limits, inputs_path=args.inputs, dims=_parse_dims(args.dim))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo_model import run_demo
 
@@ -192,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(float16 activations stored as halves, for adapters with shader-f16); default: "
                         "gpu,cpu,cpu-sg8,cpu-sg4 with the default limits, else the target's one set; the "
                         "runtimes pick one by the adapter at load")
+    b.add_argument("--tuning", metavar="TABLE", default=None,
+                   help="a tuning table (webiree tune writes one): its measured kernel configurations replace "
+                        "the heuristic's where they apply to the target")
     b.add_argument("--no-validate", action="store_true", help="skip naga validation (no GPU adapter needed)")
     b.add_argument("--target", "--targets", dest="target", default=None, metavar="wgsl|spirv|wgsl,spirv",
                    help="shader targets: the first is the module's executable format (default wgsl; spirv "
@@ -249,6 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--trace", metavar="OUT.json", help="write one profiled run's per-dispatch GPU timeline (the "
                     "ONNX nodes each dispatch fused) as a Chrome trace / Perfetto JSON")
     bn.set_defaults(fn=cmd_bench)
+
+    t = sub.add_parser("tune", help="time each dispatch's candidate kernels on this adapter; write a tuning table")
+    t.add_argument("model", help="an .onnx file")
+    t.add_argument("--out", required=True, metavar="TABLE.json", help="where to write the table (webiree build --tuning)")
+    t.add_argument("--runs", type=int, default=10, help="profiled runs per round")
+    t.add_argument("--warmup", type=int, default=2)
+    t.add_argument("--limits", default="adapter", choices=["default", "gpu", "cpu", "adapter"],
+                   help="the target the candidates are built for (default: this adapter's)")
+    t.add_argument("--inputs", help=".npz of inputs keyed by input name (default: seeded random)")
+    t.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...")
+    t.add_argument("--dim", action="append", metavar="NAME=N", help="pin a named symbolic dim")
+    t.set_defaults(fn=cmd_tune)
 
     d = sub.add_parser("demo", help="build the demo model, run it natively, compare with onnxruntime")
     d.add_argument("--out", default="site", help="where to write the site")

@@ -163,7 +163,7 @@ def default_variants(target: Target, variants):
 
 
 def compile(model, out_dir, input_shapes=None, *, limits="default", validate=True, dump_after=(), pyodide=False,
-            targets=None, tokenizer=None, dims=None, generation=None, task=None, variants=None):
+            targets=None, tokenizer=None, dims=None, generation=None, task=None, variants=None, tuning=None):
     """Compile an ONNX model (path, bytes or ModelProto) into `out_dir`.
 
     input_shapes: {input name: [dims]}: each dim an int or a range (min, max) / "min..max".
@@ -175,6 +175,8 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
       class, optionally '-sgN' for its matmuls broadcasting within subgroups of N): the runtimes
       pick one by the adapter when a session starts (docs/schedule-module.md, VARS). None:
       DEFAULT_VARIANTS for a target naming no device class (the default), else the target's one set.
+    tuning: a tuning table (`webiree tune` writes one; a path or wgsl_codegen.tuning.Table): its measured
+      kernel configurations replace the heuristic's where they apply (recorded in the manifest).
     pyodide: also copy Pyodide into out_dir/pyodide/ so python.html works offline.
     targets: 'wgsl' (default), 'spirv' (the module's executables are SPIR-V: native runtime only) or
       'wgsl,spirv' (a WGSL module); with spirv, shaders/ holds .spv files beside the .wgsl ones.
@@ -199,13 +201,16 @@ def compile(model, out_dir, input_shapes=None, *, limits="default", validate=Tru
     variants = default_variants(target, variants)
     result = compile_model(model, shapes, target, validate=shader_validator if validate else None,
                            dump_after=dump_after, targets=targets, dims=dims, generation=generation,
-                           variants=variants)
+                           variants=variants, tuning=tuning)
     options = {"input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v] for k, v in shapes.items()},
                "limits": limits if isinstance(limits, str) else "custom",
                **({"dims": {k: list(v) if isinstance(v, tuple) else v for k, v in dims.items()}} if dims else {}),
                "model_file": os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None}
     if result.module.variants:
         options["variants"] = [v.name for v in result.module.variants]
+    if tuning is not None:
+        options["tuning"] = os.path.basename(os.fspath(tuning)) if isinstance(tuning, (str, os.PathLike)) \
+            else getattr(tuning, "source", "table")
     if "generation_top_k" in result.module.info:
         options["generation"] = {"top_k": result.module.info["generation_top_k"]}
     task_info = pick_task(result.module, task, tokenizer is not None)

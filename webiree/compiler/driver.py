@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..ir.program import numel
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from ..wgsl_codegen import kernels as K
 from ..ir import kir, packing
 from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
+from ..wgsl_codegen.tuning import Table
 from . import half_storage, memory, passes
 from .generation import add_generation_head, head_top_k, vocab_top_k
 from .importer import import_model, open_model
@@ -169,7 +171,7 @@ def parse_variants(variants, target: Target) -> tuple:
 
 
 def compile_model(model, input_shapes=None, target=None, validate=None, dump_after=(),
-                  targets=None, dims=None, generation=None, variants=None) -> CompileResult:
+                  targets=None, dims=None, generation=None, variants=None, tuning=None) -> CompileResult:
     """Compile; every failure is a WebireeError. One that no check anticipated is a CompilerBug
     naming the stage, with the original exception chained (`--debug` shows its traceback).
     target: a Target (webiree/target.py), or what Target.resolve takes ('default', 'gpu', 'cpu',
@@ -186,18 +188,24 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
     through the front of the pipeline once (import to memory plan: it depends on the limits only),
     its kernels are chosen and built per variant (a kernel two variants of one device class choose
     alike is built once) and the modules merged (merge_variants); the runtimes pick one by the
-    adapter at load. None: one set of kernels."""
+    adapter at load. None: one set of kernels.
+    tuning: a tuning table (wgsl_codegen/tuning.py: a Table, or a path to one): its kernel
+    configurations replace the heuristic's where a dispatch's problem key is in it and the target
+    (each variant) can run them; module.info['tuning'] says how many were used and skipped."""
     stage = ["import"]
+    if isinstance(tuning, (str, os.PathLike)):
+        tuning = Table.load(tuning)
     targets = parse_targets(targets)
     target = Target.resolve(target)
     names = parse_variants(variants, target)
     try:
         if not names:
-            return _compile(stage, model, input_shapes, target, validate, dump_after, targets, dims, generation)
+            return _compile(stage, model, input_shapes, target, validate, dump_after, targets, dims, generation,
+                            tuning)
         validate = _once(validate)
         front = _front(stage, model, input_shapes, target, dump_after, targets, dims, generation)
         cache: dict = {}
-        results = [_back(stage, front, variant_target(n, target), validate, dump_after, targets, cache)
+        results = [_back(stage, front, variant_target(n, target), validate, dump_after, targets, cache, tuning)
                    for n in names]
         stage[0] = "variants"
         return merge_variants(names, results)
@@ -207,6 +215,17 @@ def compile_model(model, input_shapes=None, target=None, validate=None, dump_aft
         raise CompilerBug(f"internal error in the {stage[0]} stage ({type(e).__name__}: {str(e)[:300]})",
                           hint="this is a webiree bug; please report it with the model "
                                "(webiree --debug shows the traceback)") from e
+
+
+def kernel_rounds(model, input_shapes=None, target=None, dims=None):
+    """(program, build): the front of the pipeline run once, and `build(tuning)` -> CompileResult
+    making the kernels with that tuning table (None: the heuristic's), WGSL, unvalidated; kernels
+    that another call already made are reused. `webiree tune` builds a model once per round so."""
+    target = Target.resolve(target)
+    stage = ["import"]
+    front = _front(stage, model, input_shapes, target, (), ("wgsl",), dims, None)
+    cache: dict = {}
+    return front.prog, lambda tuning: _back(stage, front, target, None, (), ("wgsl",), cache, tuning)
 
 
 @dataclass
@@ -223,9 +242,9 @@ class _Front:
 
 
 def _compile(stage, model, input_shapes, target: Target, validate, dump_after, targets=("wgsl",),
-             dims=None, generation=None) -> CompileResult:
+             dims=None, generation=None, tuning=None) -> CompileResult:
     front = _front(stage, model, input_shapes, target, dump_after, targets, dims, generation)
-    return _back(stage, front, target, validate, dump_after, targets)
+    return _back(stage, front, target, validate, dump_after, targets, tuning=tuning)
 
 
 def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims, generation) -> _Front:
@@ -266,18 +285,26 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     return _Front(prog, plan, graph, dumps, top_k, weights, page_offset)
 
 
-def _back(stage, front: _Front, target: Target, validate, dump_after, targets, cache=None) -> CompileResult:
+def _back(stage, front: _Front, target: Target, validate, dump_after, targets, cache=None,
+          tuning=None) -> CompileResult:
     """Kernels, their code and the schedule for one device class (and subgroup size). `cache`, shared
     by the variants of one build, maps (op index, device class, kernel config) to the rendered
-    kernel, so a variant that chooses the same config for a dispatch as another reuses its kernel."""
+    kernel, so a variant that chooses the same config for a dispatch as another reuses its kernel.
+    `tuning`: a tuning table whose configurations replace the heuristic's where they apply."""
     prog, plan, lim = front.prog, front.plan, target.as_limits()
     dumps = dict(front.dumps)
     stage[0] = "kernels"
     cache = {} if cache is None else cache
     halves = half_storage.half_tensors(prog) if half_storage.FEATURE in target.features else frozenset()
-    dispatches, rendered = [], []
+    dispatches, rendered, tuned = [], [], {"used": 0, "unfit": 0, "absent": 0, "other class": 0}
     for i, op in enumerate(prog.ops):
-        cfg = _choose(op, prog, lim)
+        cfg = None
+        if tuning is not None:
+            cfg, how = tuning.config_for(op, lim)
+            tuned[how] += 1
+            if cfg is not None:
+                tuned.setdefault("ops", set()).add(i)
+        cfg = cfg or _choose(op, prog, lim)
         key = (i, target.device_class, repr(cfg.as_dict()))
         if key not in cache:
             cache[key] = _render(_build_kernel(op, prog, lim, cfg), targets)
@@ -318,6 +345,12 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
 
     stage[0] = "schedule"
     module = _schedule(prog, plan, dispatches, exec_of, executables, lim, front.page_offset)
+    if tuning is not None:     # what the table did for this set of kernels (inspect shows it)
+        for i in tuned.get("ops", ()):
+            module.info["dispatches"][i]["tuned"] = True
+        module.info["tuning"] = {"table": tuning.source, "adapter": tuning.describe(), "used": tuned["used"],
+                                 "unfit": tuned["unfit"], "not in the table": tuned["absent"],
+                                 "for another device class": tuned["other class"]}
     if front.top_k is not None:
         module.info[TOP_K_INFO] = front.top_k
     return CompileResult(module, front.weights, shaders, dispatches, plan, prog, front.graph, lim, dumps, spv_files)
@@ -409,7 +442,8 @@ def merge_variants(names, results) -> CompileResult:
         cls = name.split("-")[0]
         if any(v.name.split("-")[0] == cls and v.commands == commands for v in variants):
             continue    # a subgroup (or -f16) variant that uses no subgroups (no halves) repeats one: not carried
-        variants.append(F.Variant(name, F.variant_rule(name), commands, r.module.registers, {"dispatches": dispatches}))
+        vinfo = {"dispatches": dispatches, **({"tuning": r.module.info["tuning"]} if "tuning" in r.module.info else {})}
+        variants.append(F.Variant(name, F.variant_rule(name), commands, r.module.registers, vinfo))
     info = {**m0.info, "dispatches": variants[0].info["dispatches"],
             "variants": {v.name: {"rule": v.rule, **v.info} for v in variants}}
     module = F.Module(executables, m0.buffers, m0.inputs, m0.outputs, variants[0].commands, limits, info,
