@@ -121,7 +121,9 @@ def _tiled_shared(op: P.MatMul, limits: dict):
     wy = max(1, min(16, inv // wx, limits["max_compute_workgroup_size_y"]))
     batch = max(1, P.numel(op.batch))
     rm = rn = 1
-    for r in (8, 4, 2):
+    # at most 4 x 4 an invocation: 8 x 8 blocks were the slowest choice on every wide product the
+    # H200's table holds (DeepLabV3's, 1.1-2.4x slower than 4 x 4 or smaller: benchmarks/tuning/h200-deeplabv3.json)
+    for r in (4, 2):
         if -(-op.m // (wy * r)) * -(-op.n // (wx * r)) * batch >= GPU_FILL_WORKGROUPS:
             rm = rn = r
             break
@@ -176,7 +178,9 @@ def _row_per_invocation(op, limits: dict):
 def _workgroup_tree(op, limits: dict):
     # 64 invocations a row, more where each would otherwise loop past SERIAL_LOOP_ITERATIONS
     inv = limits["max_compute_invocations_per_workgroup"]
-    want = 64
+    # GPUs, rows of 2,048 or more: 256 (DeepLabV3's mean over 4,225 values 2.4x faster than with 64:
+    # benchmarks/tuning/h200-deeplabv3.json)
+    want = 256 if limits.get("device_class") != "cpu" and op.r >= 2048 else 64
     while want < inv and _row_passes(op) * -(-op.r // want) > SERIAL_LOOP_ITERATIONS:
         want *= 2
     passes = _row_passes(op)
