@@ -17,7 +17,9 @@ and three sessions in one page: the default build as picked, the default build f
 first output is checked against the reference (max |Δ| / max |ref| <= 1e-4, else exit 1); then
 the sessions run in alternating turns (`runs` runs after a warm-up each turn) and the medians are
 compared with the adapter build's. The time to first result of each (session create with
-pipelines, plus the first run) is printed too. A benchmark, not a test.
+pipelines, plus the first run) is printed too. `--tuning TABLE` adds a fourth session: the default
+build made with that tuning table (e.g. a lavapipe table, to see whether its CPU-class choices
+carry to SwiftShader). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900, help="seconds for one model's in-page benchmark")
+    ap.add_argument("--tuning", metavar="TABLE", help="also a default build with this tuning table ('tuned')")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp/webiree-xdg")
@@ -115,6 +118,9 @@ def main(argv=None) -> int:
             webiree.compile(onnx_path, root / f"{name}_adapter", limits=limits)
             sessions = {"default": {"dir": f"{name}_default"}, "default-cpu": {"dir": f"{name}_default", "variant": "cpu"},
                         "adapter": {"dir": f"{name}_adapter"}}
+            if args.tuning:     # the default build with a tuning table (its CPU-class entries where they fit)
+                webiree.compile(onnx_path, root / f"{name}_tuned", tuning=args.tuning)
+                sessions["tuned"] = {"dir": f"{name}_tuned"}
             arg = {"sessions": sessions, "runs": args.runs, "turns": args.turns,
                    "feeds": {k: {"type": KINDS[v.dtype], "dims": list(v.shape),
                                  "data": base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()}
