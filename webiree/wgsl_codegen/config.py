@@ -142,7 +142,8 @@ def _row_block(op: P.Conv, limits: dict):
     # invocations, so each input of the window's rows is loaded once for 8 outputs (1.3-1.8x the 4 on
     # 64 of before on lavapipe, on 12 of MobileNetV2's 13 convolutions: benchmarks/tuning/lavapipe-mobilenet_v2.json)
     if op.out_shape[3] >= 4 and op.w_shape[1] * op.w_shape[2] * op.w_shape[3] <= 64:
-        return KernelConfig((128, 1, 1), RowBlockTile(1, 8), 1, S.ROW_BLOCK)
+        wg = min(128, limits["max_compute_invocations_per_workgroup"], limits["max_compute_workgroup_size_x"])
+        return KernelConfig((wg, 1, 1), RowBlockTile(1, 8), 1, S.ROW_BLOCK)
     return None
 
 
