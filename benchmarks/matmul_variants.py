@@ -32,38 +32,9 @@ import webiree  # noqa: E402
 from webiree.ir import program as P  # noqa: E402
 from webiree.wgsl_codegen import config as C  # noqa: E402
 from webiree.testing.models import make_model  # noqa: E402
+from webiree.wgsl_codegen.tuning import matmul_candidates  # noqa: E402
 
 TOLERANCE = 1e-4  # max |y - ref| / max |ref|, ref in fp64
-
-
-def candidates(limits: dict):
-    if limits.get("device_class") == "cpu":
-        S = limits.get("subgroup_size")
-        for rm, rn in ((16, 2), (8, 2), (16, 1), (8, 4)):
-            if S:
-                yield C.KernelConfig((S, 1, 1), (rm, rn, 4 * S), 4, "subgroup-broadcast")
-        for rm, rn in ((4, 12), (8, 6), (16, 3)):
-            yield C.KernelConfig((8, 1, 1), (rm, rn, 4), 4, "register-blocked")
-        return
-    for rm, rn, bk in ((8, 2, 8), (8, 2, 16), (4, 2, 8), (4, 1, 8), (2, 1, 8), (1, 1, 8), (1, 1, 16), (1, 1, 32)):
-        yield C.KernelConfig((16, 16, 1), (rm, rn, bk), 4, "tiled-shared-vec4")
-    for r, tk in ((8, 8), (4, 16), (2, 16), (1, 16)):
-        yield C.KernelConfig((16, 16, 1), (r, r, tk), 1, "tiled-shared")
-    for wg, tk in (((8, 8, 4), 16), ((8, 8, 4), 8), ((16, 16, 1), 16), ((16, 8, 2), 16), ((8, 4, 8), 8)):
-        yield C.KernelConfig(wg, (1, 1, tk), 1, "split-k")
-
-
-def fits(cfg: C.KernelConfig, limits: dict) -> bool:
-    if cfg.strategy == "tiled-shared-vec4":
-        rm, rn, bk = cfg.tile
-        return 4 * bk * 16 * (rm + 4 * rn) <= limits["max_compute_workgroup_storage_size"]
-    if cfg.strategy == "tiled-shared":
-        r, _, tk = cfg.tile
-        return 4 * tk * 32 * r <= limits["max_compute_workgroup_storage_size"]
-    if cfg.strategy == "split-k":
-        wx, wy, ks = cfg.workgroup_size
-        return 4 * ks * (cfg.tile[2] * (wx + wy) + wx * wy) <= limits["max_compute_workgroup_storage_size"]
-    return True
 
 
 def warm_up(fn, runs: int = 3, seconds: float = 1.0):
@@ -161,17 +132,15 @@ def main(argv):
             h_t, h_err, heuristic, h_clock = time_config(m, k, n, None, limits, runs, Path(tmp) / "h", chain)
             print(f"M={m} K={k} N={n} ({what}; median of {runs} runs after warm-up; limits {which}):")
             line("h", f"heuristic: {heuristic['strategy']}", str(tuple(heuristic["tile"])), h_t, h_err, h_clock, h_t)
-            for cfg in candidates(limits):
-                if not fits(cfg, limits) or (cfg.vector == 4 and (n % 4 or k % 4)):
-                    continue   # does not fit the limits, or needs vec4 rows this shape has not
+            for cfg in matmul_candidates(m, k, n, limits):   # the candidates `webiree tune` times
                 try:
                     t, err, used, clock = time_config(m, k, n, cfg, limits, runs, Path(tmp) / "b", chain)
                 except Exception as e:  # noqa: BLE001  (a variant that does not apply is reported)
-                    print(f"    {cfg.strategy:20s} {str(cfg.tile):12s} not built: {str(e).splitlines()[0][:100]}")
+                    print(f"    {cfg.strategy.value:20s} {str(tuple(cfg.tile)):12s} not built: {str(e).splitlines()[0][:100]}")
                     continue
                 mark = "*" if (used["strategy"], list(used["tile"])) == (heuristic["strategy"], list(heuristic["tile"])) else " "
-                name = f"{cfg.strategy} {'x'.join(map(str, cfg.workgroup_size))}"
-                line(mark, name, str(cfg.tile), t, err, clock, h_t)
+                name = f"{cfg.strategy.value} {'x'.join(map(str, cfg.workgroup_size))}"
+                line(mark, name, str(tuple(cfg.tile)), t, err, clock, h_t)
     if wrong:
         print(f"FAILED: {len(wrong)} result(s) differ from numpy by more than {TOLERANCE:.0e}: {wrong}", file=sys.stderr)
         return 1

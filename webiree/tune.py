@@ -88,9 +88,8 @@ def tune(model_path, out_path, input_shapes=None, runs: int = 10, warmup: int = 
             if not _max_rel_err(outs, state["ref"]) <= state["tol"]:
                 return False, {}
             # at least `warmup` runs and WARM_SECONDS of them: a GPU left idle while the round's
-            # kernels were built runs at a fraction of its clock until it has been busy a while
-            # (the H200 reads 345 MHz idle, 1980 MHz under load); without this the first round, the
-            # heuristic's, was timed at up to 5x its warm time
+            # kernels were built runs at a lowered clock until it has been busy a while; without this the
+            # first round, the heuristic's, was timed on the H200 at up to 5x its warm time
             t_end, n = time.perf_counter() + warm_seconds, 0
             while n < warmup or time.perf_counter() < t_end:
                 sess.run(None, state["feeds"], profile=True)

@@ -296,14 +296,15 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
     stage[0] = "kernels"
     cache = {} if cache is None else cache
     halves = half_storage.half_tensors(prog) if half_storage.FEATURE in target.features else frozenset()
-    dispatches, rendered, tuned = [], [], {"used": 0, "unfit": 0, "absent": 0, "other class": 0}
+    dispatches, rendered = [], []
+    tuned, tuned_ops = {"used": 0, "unfit": 0, "absent": 0, "other class": 0}, []   # what the table did
     for i, op in enumerate(prog.ops):
         cfg = None
         if tuning is not None:
             cfg, how = tuning.config_for(op, lim)
             tuned[how] += 1
             if cfg is not None:
-                tuned.setdefault("ops", set()).add(i)
+                tuned_ops.append(i)
         cfg = cfg or _choose(op, prog, lim)
         key = (i, target.device_class, repr(cfg.as_dict()))
         if key not in cache:
@@ -346,7 +347,7 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
     stage[0] = "schedule"
     module = _schedule(prog, plan, dispatches, exec_of, executables, lim, front.page_offset)
     if tuning is not None:     # what the table did for this set of kernels (inspect shows it)
-        for i in tuned.get("ops", ()):
+        for i in tuned_ops:
             module.info["dispatches"][i]["tuned"] = True
         module.info["tuning"] = {"table": tuning.source, "adapter": tuning.describe(), "used": tuned["used"],
                                  "unfit": tuned["unfit"], "not in the table": tuned["absent"],

@@ -102,6 +102,13 @@ def _matmul_candidates(v: P.MatMul, limits: dict):
         yield KernelConfig(wg, (1, 1, tk), 1, S.SPLIT_K)
 
 
+def matmul_candidates(m: int, k: int, n: int, limits: dict) -> list[KernelConfig]:
+    """The configurations `candidates` times for a plain [m, k] x [k, n] product, every kernel family's
+    that can build it within the limits (benchmarks/matmul_variants.py times them one by one)."""
+    v = P.MatMul("mm", "y", [], a="a", b="w", m=m, n=n, k=k)
+    return [c for c in _matmul_candidates(v, limits) if _fits(c, limits) and check(c.strategy, v, limits) is None]
+
+
 def _conv_candidates(v: P.Conv, limits: dict):
     per_group = v.w_shape[0] // v.group
     for wg in (64, 128, 256):
