@@ -232,3 +232,20 @@ def test_forced_strategy_that_breaks_a_prerequisite_names_it(tmp_path, monkeypat
     m = single("MatMul", [[32, 16], [16, 30]], [32, 30])
     with pytest.raises(webiree.CompilerBug, match="the tiled-shared-vec4 kernel needs vec4 rows"):
         webiree.compile(m, tmp_path)
+
+
+@pytest.mark.parametrize("n,vector", [(96, 4), (49, 1)])
+def test_subgroup_blocks_of_four_wide_subgroups_stay_small(n, vector, tmp_path):
+    """Where subgroups are 4 wide (SwiftShader, which compiles every pipeline before a page's first
+    result) the register block is at most 8 rows x 4 slots (config.SMALL_SUBGROUP_ROWS); with
+    subgroups of 8 (lavapipe) it keeps 16 rows. Sizes are read from the recorded plan."""
+    m = single("MatMul", [[128, 384], [384, n]], [128, n])
+    tiles = {}
+    for sg in (4, 8):
+        res = webiree.compile(m, tmp_path / f"sg{sg}", limits={"device_class": "cpu", "subgroup_size": sg})
+        cfg = res.module.info["dispatches"][0]["config"]
+        assert (cfg["strategy"], cfg["vector"], cfg["workgroup_size"]) == ("subgroup-broadcast", vector, (sg, 1, 1))
+        tiles[sg] = tuple(cfg["tile"])
+    slots = n // vector
+    assert tiles[4] == (8, min(4, -(-slots // 4), 2 if vector == 4 else 8), 16)
+    assert tiles[8] == (16, min(-(-slots // 8), 2 if vector == 4 else 8), 32)

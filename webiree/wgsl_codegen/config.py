@@ -38,6 +38,15 @@ def _pow2_at_most(n: int, cap: int) -> int:
 # ----------------------------------------------------------------------------
 # one planner per strategy: (op, limits) -> its KernelConfig, or None where the sizes do not suit it
 
+# Register blocks where the subgroup is 4 wide (SwiftShader, the browser's CPU renderer): at most
+# 8 rows x 4 column slots. SwiftShader compiles every pipeline before a page's first result, and
+# its compile time grows with the unrolled block (4 * S values of K x RM x RN): in Chromium,
+# MobileNetV2's pipelines with 16 x 2 vec4 / 16 x 7 blocks took 28 s to create one by one and
+# with these 16 s (MiniLM 13.7 s vs 4.1 s), for runs 1.07x (1.19x) as long. lavapipe (S = 8)
+# keeps the larger blocks: its runs were 1.19-1.30x as long with these (docs/performance.md).
+SMALL_SUBGROUP_ROWS, SMALL_SUBGROUP_COLS = 8, 4
+
+
 def _subgroup_broadcast(op: P.MatMul, limits: dict):
     # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
     # RM x RN slots of accumulators (128 floats either way) per invocation.
@@ -46,6 +55,8 @@ def _subgroup_broadcast(op: P.MatMul, limits: dict):
     slots = op.n // vec
     rn = max(1, min(2 if vec == 4 else 8, -(-slots // S_)))
     rm = max(1, min(16, op.m))
+    if S_ <= 4:     # see SMALL_SUBGROUP_ROWS
+        rm, rn = min(rm, SMALL_SUBGROUP_ROWS), min(rn, SMALL_SUBGROUP_COLS)
     groups = lambda: -(-slots // (S_ * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
     while groups() < 4 and rm > 1:
         rm = max(1, rm // 2)
