@@ -249,3 +249,22 @@ def test_subgroup_blocks_of_four_wide_subgroups_stay_small(n, vector, tmp_path):
     slots = n // vector
     assert tiles[4] == (8, min(4, -(-slots // 4), 2 if vector == 4 else 8), 16)
     assert tiles[8] == (16, min(-(-slots // 8), 2 if vector == 4 else 8), 32)
+
+
+def test_subgroup_blocks_of_four_with_a_computed_b(tmp_path):
+    """A B computed where it is loaded (attention's K: bias added, transposed) takes 2 column slots
+    where subgroups are 4 wide: its computation is repeated for every slot of every K step."""
+    rng = np.random.default_rng(11)
+    m = make_model([helper.make_node("Add", ["k", "bias"], ["kb"]),
+                    helper.make_node("Transpose", ["kb"], ["kt"], perm=[0, 2, 1]),
+                    helper.make_node("Mul", ["kt", "s"], ["ks"]),
+                    helper.make_node("MatMul", ["q", "ks"], ["y"])],
+                   [vi("q", [12, 128, 32]), vi("k", [12, 128, 32])], [vi("y", [12, 128, 128])],
+                   {"bias": rng.standard_normal([32]).astype(np.float32), "s": np.float32(0.125)})
+    tiles = {}
+    for sg in (4, 8):
+        res = webiree.compile(m, tmp_path / f"sg{sg}", limits={"device_class": "cpu", "subgroup_size": sg})
+        (cfg,) = [d["config"] for d in res.module.info["dispatches"]]
+        assert (cfg["strategy"], cfg["vector"]) == ("subgroup-broadcast", 1)
+        tiles[sg] = tuple(cfg["tile"])
+    assert tiles == {4: (8, 2, 16), 8: (16, 8, 32)}

@@ -42,8 +42,11 @@ def _pow2_at_most(n: int, cap: int) -> int:
 # 8 rows x 4 column slots. SwiftShader compiles every pipeline before a page's first result, and
 # its compile time grows with the unrolled block (4 * S values of K x RM x RN): in Chromium,
 # MobileNetV2's pipelines with 16 x 2 vec4 / 16 x 7 blocks took 28 s to create one by one and
-# with these 16 s (MiniLM 13.7 s vs 4.1 s), for runs 1.07x (1.19x) as long. lavapipe (S = 8)
-# keeps the larger blocks: its runs were 1.19-1.30x as long with these (docs/performance.md).
+# with these 16 s (MiniLM 13.7 s vs 4.1 s), for runs 1.07x (1.19x) as long. A B computed where
+# it is loaded (attention's K: bias, transposes, scale) is computed for each of 4 * S x RN
+# values a step: 2 slots there (MiniLM's QK^T 0.66 s instead of 1.77 s, runs 1.01x as long).
+# lavapipe (S = 8) keeps the larger blocks: its runs were 1.19-1.30x as long with these
+# (docs/performance.md).
 SMALL_SUBGROUP_ROWS, SMALL_SUBGROUP_COLS = 8, 4
 
 
@@ -56,7 +59,7 @@ def _subgroup_broadcast(op: P.MatMul, limits: dict):
     rn = max(1, min(2 if vec == 4 else 8, -(-slots // S_)))
     rm = max(1, min(16, op.m))
     if S_ <= 4:     # see SMALL_SUBGROUP_ROWS
-        rm, rn = min(rm, SMALL_SUBGROUP_ROWS), min(rn, SMALL_SUBGROUP_COLS)
+        rm, rn = min(rm, SMALL_SUBGROUP_ROWS), min(rn, 2 if _costly_b(op) else SMALL_SUBGROUP_COLS)
     groups = lambda: -(-slots // (S_ * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
     while groups() < 4 and rm > 1:
         rm = max(1, rm // 2)
