@@ -296,7 +296,7 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             p = producer_of.get(t)
             if not isinstance(p, Generic) or p not in prog.ops or t in outputs or t in a.prologues:
                 continue
-            if any(r is not a for r in readers.get(t, [])) or kir.cost(p.expr) > PROLOGUE_COST:
+            if any(r is not a for r in readers.get(t, [])) or kir.varying_cost(p.expr, O) > PROLOGUE_COST:
                 continue
             if any(n.attr in a.prologues for n in kir.loads_of(p.expr)):
                 continue

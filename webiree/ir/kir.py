@@ -417,6 +417,18 @@ def cost(e: Expr) -> int:
     return sum(1 for n in walk(e) if n.op not in ("const", "var"))
 
 
+def varying_cost(e: Expr, index: Expr) -> int:
+    """cost(e) less the operations that do not depend on `index` (a scale read from a fixed
+    place and the arithmetic on it): what computing `e` costs per element beyond its first."""
+    varying: set[int] = set()
+    count = 0
+    for n in walk(e):
+        if n is index or any(id(a) in varying for a in n.args):
+            varying.add(id(n))
+            count += n.op not in ("const", "var")
+    return count
+
+
 # ----------------------------------------------------------------------------
 # statements
 
