@@ -36,6 +36,31 @@ def test_small_cnn_fuses_and_reuses_memory(tmp_path):
     assert plan.arena_peak <= 1.25 * plan.max_live
 
 
+def test_small_constants_stack_to_fuse_within_eight_bindings(tmp_path):
+    """A product followed by a chain of per-channel constants and a residual (MobileBERT's dense
+    + bias + residual, then NoNorm's x * gamma + beta, twice) reads ten tensors: the chain's
+    constants are stacked side by side into one (passes._stack_constants), so the whole chain is
+    the product's epilogue, one dispatch within WebGPU's 8 storage bindings."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(3)
+    n = 24
+    consts = {f"c{i}": rng.standard_normal([n]).astype(np.float32) for i in range(6)}
+    consts["w"] = rng.standard_normal([16, n]).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0"]),
+             helper.make_node("Add", ["y0", "c0"], ["y1"]),
+             helper.make_node("Add", ["y1", "r"], ["y2"]),
+             helper.make_node("Mul", ["y2", "c1"], ["y3"]),
+             helper.make_node("Add", ["y3", "c2"], ["y4"]),
+             helper.make_node("Mul", ["y4", "c3"], ["y5"]),
+             helper.make_node("Add", ["y5", "c4"], ["y6"]),
+             helper.make_node("Mul", ["y6", "c5"], ["y"])]
+    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    m = models.make_model(nodes, [vi("x", [8, 16]), vi("r", [8, n])], [vi("y", [8, n])], consts)
+    res = check_model(m, tmp_path)
+    assert [d.kind for d in res.dispatches] == ["matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    assert len(res.dispatches[0].nodes) == len(nodes)
+
+
 def test_inspect_shows_fusion_and_memory(tmp_path):
     from webiree.module.dump import describe_build
 

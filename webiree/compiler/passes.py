@@ -198,6 +198,10 @@ def _eval_zero(e) -> bool | None:
     return None if v is None else v == 0
 
 
+def _expr_reads_of(e) -> list[str]:
+    return [] if e is None else [n.attr for n in kir.loads_of(e)]
+
+
 def _readers(prog: Program) -> dict[str, list]:
     out: dict[str, list] = {}
     for op in prog.ops:
@@ -223,6 +227,49 @@ def _bindings_after(op, extra_reads) -> int:
     return len(set(op.reads()) | set(extra_reads)) + 1
 
 
+STACK_CONSTANT_BYTES = 4096     # constants this small may be stacked to save bindings (a bias, a norm's scale)
+_stacks = itertools.count()
+
+
+def _stack_constants(prog: Program, e, keep=()):
+    """`e` with its loads of small constants (a bias, a NoNorm's scale and shift: one value a
+    channel) of one element type read from one new constant, their values side by side, each
+    load offset to its part: one binding instead of several, the same values and arithmetic.
+    Used where a fusion would pass WebGPU's 8 storage bindings (MobileBERT's NoNorm chains after
+    a product). The new constant is the same for every layer of a model, so their kernels stay
+    one executable; the small constants are stored twice where something else still reads them.
+    `keep`: tensors not to stack (read elsewhere by the same kernel). Returns `e` unchanged when
+    fewer than two constants of a type qualify."""
+    groups: dict[str, list[str]] = {}
+    for name in dict.fromkeys(n.attr for n in kir.loads_of(e)):
+        t = prog.tensors.get(name)
+        if t is None or t.kind != "const" or t.data is None or t.alias_of is not None or name in keep:
+            continue
+        if 4 * t.data.size <= STACK_CONSTANT_BYTES:
+            groups.setdefault(t.dtype, []).append(name)
+    mapping = {}
+    for dtype, names in groups.items():
+        if len(names) < 2:
+            continue
+        offsets, at = {}, 0
+        for n in names:
+            offsets[n] = at
+            at += prog.tensors[n].data.size
+        sname = f"{names[0]}:stack{next(_stacks)}"
+        data = np.concatenate([np.ascontiguousarray(prog.tensors[n].data).reshape(-1) for n in names])
+        prog.tensors[sname] = Tensor(sname, (at,), dtype, kind="const", data=data)
+        mapping.update({n: (sname, off) for n, off in offsets.items()})
+    if not mapping:
+        return e
+
+    def fn(node):
+        if node.op == "load" and node.attr in mapping:
+            sname, off = mapping[node.attr]
+            return kir.load(sname, kir.substitute(node.args[0], {"__fn__": fn}) + off, node.dtype)
+        return None
+    return kir.substitute(e, {"__fn__": fn})
+
+
 def fuse(prog: Program, max_bindings: int = 8) -> Program:
     outputs = {prog.root(o) for o in prog.outputs}
     producer_of = {op.out: op for op in prog.ops}
@@ -246,7 +293,9 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
                 e = _inline(r.expr, p)
                 reads = {n.attr for n in kir.loads_of(e)}
                 if len(reads) + 1 > max_bindings:
-                    break
+                    e = _stack_constants(prog, e)
+                    if len({n.attr for n in kir.loads_of(e)}) + 1 > max_bindings:
+                        break
                 new_exprs.append(e)
             else:
                 for r, e in zip(rs, new_exprs):
@@ -277,7 +326,14 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             epi = kir.substitute(c.expr, {loads[0]: acc})
             extra = [n.attr for n in kir.loads_of(epi)]
             if _bindings_after(a, extra) > max_bindings:
-                break
+                # the epilogue's small constants side by side (those the anchor reads otherwise stay)
+                others = set(a.reads()) - set(_expr_reads_of(a.epilogue))
+                epi = _stack_constants(prog, epi, keep=others)
+                old, a.epilogue = a.epilogue, epi
+                over = len(a.reads()) + 1 > max_bindings
+                a.epilogue = old
+                if over:
+                    break
             # the fused op runs where the reader ran (its other inputs exist by then)
             prog.ops.remove(a)
             prog.ops.insert(prog.ops.index(c), a)
