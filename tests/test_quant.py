@@ -36,6 +36,38 @@ def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
     assert len(reduces) == (1 if n < SPLIT_FROM else 2)
 
 
+def test_dynamic_quantization_shared_by_three_products_is_not_stored(tmp_path):
+    """What quantize_dynamic writes for attention's Q, K and V: one DynamicQuantizeLinear read by
+    three MatMulIntegers, each dequantized (Cast, scale products) with a bias. The quantized
+    activation and its scale are computed inside each product's loads, the dequantization is
+    each product's epilogue: the range's reduction (one step: a short input) and three products."""
+    rng = np.random.default_rng(7)
+    m_, k, n = 64, 48, 32
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
+    inits = []
+    for i in range(3):
+        w = rng.integers(-127, 128, size=(k, n)).astype(np.int8)
+        inits += [helper.make_tensor(f"w{i}", T.INT8, [k, n], w.tobytes(), raw=True),
+                  helper.make_tensor(f"ws{i}", T.FLOAT, [], [float(0.01 * (i + 1))]),
+                  helper.make_tensor(f"b{i}", T.FLOAT, [n], rng.standard_normal(n).astype(np.float32).tolist())]
+        nodes += [helper.make_node("MatMulInteger", ["xq", f"w{i}", "xz"], [f"p{i}"]),
+                  helper.make_node("Cast", [f"p{i}"], [f"pf{i}"], to=T.FLOAT),
+                  helper.make_node("Mul", ["xs", f"ws{i}"], [f"s{i}"]),
+                  helper.make_node("Mul", [f"pf{i}", f"s{i}"], [f"d{i}"]),
+                  helper.make_node("Add", [f"d{i}", f"b{i}"], [f"y{i}"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])],
+                          [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [m_, n]) for i in range(3)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    x = rng.standard_normal((m_, k)).astype(np.float32)
+    got, res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    ref = ort_run(m, {"x": x})
+    assert len(got) == 3
+    for g_, r in zip(got, ref):
+        np.testing.assert_allclose(g_, r, rtol=1e-5, atol=1e-5 * float(np.abs(r).max()))
+    assert [d.kind for d in res.dispatches] == ["reduce", "matmul", "matmul", "matmul"], \
+        [(d.kind, d.nodes) for d in res.dispatches]
+
+
 @pytest.mark.parametrize("opset", [13, 21])
 def test_qdq_pad_folds_into_the_conv(tmp_path, opset):
     """Pad (zeros) -> QuantizeLinear -> DequantizeLinear -> Conv, as quantize_static writes a padded

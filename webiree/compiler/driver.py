@@ -271,7 +271,8 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()
     stage[0] = "fuse"
-    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"])
+    passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
+                table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)))
     passes.dce(prog)
     passes.pack_constants(prog)
     if "fuse" in dump_after:

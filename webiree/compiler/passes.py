@@ -49,7 +49,7 @@ from ..ir.mapped import release
 from ..ir.program import O, Anchor, Conv, Generic, MatMul, Program, Tensor
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
-PROLOGUE_COST = 24  # a producer this cheap may be recomputed inside an anchor's input loads
+PROLOGUE_COST = 32  # a producer this cheap per element (kir.varying_cost) may be recomputed inside an anchor's input loads: an int8 attention K (dequantize, bias, two transposes) costs 26
 
 
 def dce(prog: Program) -> Program:
@@ -223,8 +223,19 @@ def _inline(expr, producer: Generic):
     return kir.substitute(expr, {"__fn__": fn})
 
 
-def _bindings_after(op, extra_reads) -> int:
-    return len(set(op.reads()) | set(extra_reads)) + 1
+def _bindings(prog: Program, reads, table_below: int) -> int:
+    """Storage bindings a kernel reading `reads` needs: the constants smaller than `table_below`
+    bytes share one, the constant table (compiler/memory.py puts them there; packing only makes
+    a constant smaller)."""
+    roots = {prog.root(r) for r in reads}
+    tiny = {r for r in roots if (t := prog.tensors.get(r)) is not None and t.kind == "const"
+            and t.alias_of is None and t.nbytes < table_below}
+    return len(roots - tiny) + (1 if tiny else 0)
+
+
+def _bindings_after(prog: Program, op, extra_reads, table_below: int) -> int:
+    """Bindings of `op`, its output's included, once it also reads `extra_reads`."""
+    return _bindings(prog, set(op.reads()) | set(extra_reads), table_below) + 1
 
 
 STACK_CONSTANT_BYTES = 4096     # constants this small may be stacked to save bindings (a bias, a norm's scale)
@@ -270,7 +281,12 @@ def _stack_constants(prog: Program, e, keep=()):
     return kir.substitute(e, {"__fn__": fn})
 
 
-def fuse(prog: Program, max_bindings: int = 8) -> Program:
+def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Program:
+    """Fuse elementwise work into anchors and into each other, within `max_bindings` storage
+    bindings a kernel; `table_below`: the offset alignment under which a constant lives in the
+    constant table (compiler/memory.py), all of a kernel's such constants one binding."""
+    if any(t.kind == "params" for t in prog.tensors.values()):
+        max_bindings -= 1   # a kernel whose sizes are symbolic also binds the dims buffer
     outputs = {prog.root(o) for o in prog.outputs}
     producer_of = {op.out: op for op in prog.ops}
 
@@ -285,16 +301,16 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             rs = readers.get(p.out, [])
             if not rs or not all(isinstance(r, Generic) for r in rs):
                 continue
-            cheap = kir.cost(p.expr) <= INLINE_COST
+            cheap = kir.varying_cost(p.expr, O) <= INLINE_COST
             if not cheap and (len(rs) > 1 or len(_loads_of_tensor(rs[0].expr, p.out)) > 1):
                 continue
             new_exprs = []
             for r in rs:
                 e = _inline(r.expr, p)
                 reads = {n.attr for n in kir.loads_of(e)}
-                if len(reads) + 1 > max_bindings:
+                if _bindings(prog, reads, table_below) + 1 > max_bindings:
                     e = _stack_constants(prog, e)
-                    if len({n.attr for n in kir.loads_of(e)}) + 1 > max_bindings:
+                    if _bindings(prog, {n.attr for n in kir.loads_of(e)}, table_below) + 1 > max_bindings:
                         break
                 new_exprs.append(e)
             else:
@@ -325,12 +341,12 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             acc = a.epilogue if a.epilogue is not None else kir.var("acc", prog.tensors[a.out].dtype)
             epi = kir.substitute(c.expr, {loads[0]: acc})
             extra = [n.attr for n in kir.loads_of(epi)]
-            if _bindings_after(a, extra) > max_bindings:
+            if _bindings_after(prog, a, extra, table_below) > max_bindings:
                 # the epilogue's small constants side by side (those the anchor reads otherwise stay)
                 others = set(a.reads()) - set(_expr_reads_of(a.epilogue))
                 epi = _stack_constants(prog, epi, keep=others)
                 old, a.epilogue = a.epilogue, epi
-                over = len(a.reads()) + 1 > max_bindings
+                over = _bindings(prog, a.reads(), table_below) + 1 > max_bindings
                 a.epilogue = old
                 if over:
                     break
@@ -344,28 +360,35 @@ def fuse(prog: Program, max_bindings: int = 8) -> Program:
             producer_of[a.out] = a
             readers = _readers(prog)
 
-    # 3. compute lone elementwise producers inside the anchor that reads them
+    # 3. compute elementwise producers inside the anchors that read them: a lone reader, or
+    # several anchors that all read the producer's result as an operand (a quantized activation
+    # shared by the Q, K and V products), each then computing it where it loads it
+    def takes(a, t, p) -> bool:
+        if t in a.prologues or t not in a.inputs():
+            return False
+        if any(n.attr in a.prologues for n in kir.loads_of(p.expr)):
+            return False
+        # the prologue replaces the anchor's input loads only: a read of t by the epilogue
+        # or by another prologue still needs t's buffer
+        if a.epilogue is not None and _loads_of_tensor(a.epilogue, t) or \
+                any(_loads_of_tensor(e, t) for e in a.prologues.values()):
+            return False
+        return _bindings(prog, (set(a.reads()) - {t}) | set(p.reads()), table_below) + 1 <= max_bindings
+
     for a in list(prog.ops):
         if not isinstance(a, Anchor):
             continue
         for t in a.inputs():
             p = producer_of.get(t)
-            if not isinstance(p, Generic) or p not in prog.ops or t in outputs or t in a.prologues:
+            if not isinstance(p, Generic) or p not in prog.ops or t in outputs:
                 continue
-            if any(r is not a for r in readers.get(t, [])) or kir.varying_cost(p.expr, O) > PROLOGUE_COST:
+            rs = list({id(r): r for r in readers.get(t, [])}.values())
+            if kir.varying_cost(p.expr, O) > PROLOGUE_COST or not rs or \
+                    not all(isinstance(r, Anchor) and takes(r, t, p) for r in rs):
                 continue
-            if any(n.attr in a.prologues for n in kir.loads_of(p.expr)):
-                continue
-            # the prologue replaces the anchor's input loads only: a read of t by the epilogue
-            # or by another prologue still needs t's buffer
-            if a.epilogue is not None and _loads_of_tensor(a.epilogue, t) or \
-                    any(_loads_of_tensor(e, t) for e in a.prologues.values()):
-                continue
-            after = (set(a.reads()) - {t}) | set(p.reads())
-            if len(after) + 1 > max_bindings:
-                continue
-            a.prologues[t] = p.expr
-            a.nodes = p.nodes + [n for n in a.nodes if n not in p.nodes]
+            for r in rs:
+                r.prologues[t] = p.expr
+                r.nodes = p.nodes + [n for n in r.nodes if n not in p.nodes]
             prog.ops.remove(p)
             readers = _readers(prog)
     return prog
