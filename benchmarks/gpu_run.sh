@@ -19,6 +19,7 @@ bad = {k: v["rel_err"] for k, v in r.items() if k.startswith("webiree") and not 
 sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not comparable" if bad else 0)' "$1"
 }
 # STAGES picks what runs (all by default): variants (matmul kernel variants), models, torch, dynamic,
+# dawn (webiree.js vs onnxruntime-web on Dawn in Node: carry .dawn/ from benchmarks/dawn_pack.sh),
 # precision (f32 / fp16 / int8 / int4 variants of MiniLM and MobileNetV2), generation (a GPT-2-small-sized
 # decoder generating token by token: webiree vs onnxruntime CPU and torch CUDA; GEN_REPEAT generations each,
 # GEN_VARIANTS of f32,fp16,int4, GEN_ARGS passed on, e.g. "--layers 2"), tune (webiree tune per model:
@@ -34,8 +35,15 @@ if [[ $STAGES == *generation* ]]; then  # per-token latency; exits 1 if webiree'
   python3 benchmarks/generation.py --repeat ${GEN_REPEAT:-5} --variants ${GEN_VARIANTS:-f32,fp16,int4} ${GEN_ARGS:-} \
     --json "$OUT/generation.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
 fi
-[[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* || $STAGES == *tune* || $STAGES == *compare* ]] || exit $status
+[[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* || $STAGES == *tune* || $STAGES == *compare* || $STAGES == *dawn* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
+if [[ $STAGES == *dawn* ]]; then  # webiree.js vs onnxruntime-web on Dawn in Node (.dawn/ from benchmarks/dawn_pack.sh)
+  mkdir -p /tmp/dawn && tar -xJf .dawn/dawn.tar.xz -C /tmp/dawn || exit 1
+  for m in ${DAWN_MODELS:-mobilenet_v2 minilm}; do
+    python3 benchmarks/dawn_vs_ort_web.py --onnx /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --runs ${RUNS:-30} \
+      --node /tmp/dawn/node/bin/node --webgpu /tmp/dawn/webgpu/index.js --ort-dir /tmp/dawn/ort --json "$OUT/dawn-$m.json" || status=1
+  done
+fi
 if [[ $STAGES == *precision* ]]; then  # each variant checked within its model's tolerance, then timed in turns
   python3 benchmarks/precision.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/precision.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
 fi
