@@ -152,7 +152,10 @@ def test_bert_from_transformers_one_build_every_length(tmp_path):
     M.export_bert_dynamic(path)
     r, sess = _session(str(path), dims={"batch": (1, 2), "sequence": (1, 512)})
     pinned = compile_model(str(path), dims={"batch": 2, "sequence": 128})
-    assert len(r.dispatches) == len(pinned.dispatches)   # the same kernels, sizes read at run time
+    # the same kernels, sizes read at run time; but where the sizes are pinned the position ids
+    # fold to constants, so the embeddings' sum is cheap enough to be the LayerNorm's prologue
+    # (passes.PROLOGUE_COST), while for every length it stays a dispatch of its own
+    assert [d.name for d in r.dispatches if d.name != "/m/embeddings/Add_1"] == [d.name for d in pinned.dispatches]
     assert len(r.module.executables) <= len(pinned.module.executables)
     model = onnx.load(str(path))
     for seq in (1, 7, 64, 128, 512):

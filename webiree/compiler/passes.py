@@ -223,19 +223,20 @@ def _inline(expr, producer: Generic):
     return kir.substitute(expr, {"__fn__": fn})
 
 
-def _bindings(prog: Program, reads, table_below: int) -> int:
+def _bindings(prog: Program, reads, table_below: int, out: str | None = None) -> int:
     """Storage bindings a kernel reading `reads` needs: the constants smaller than `table_below`
-    bytes share one, the constant table (compiler/memory.py puts them there; packing only makes
-    a constant smaller)."""
+    bytes share one, the constant table (compiler/memory.py puts them there; packing only makes a
+    constant smaller). The dims buffer of a symbolic build is a uniform binding: not counted."""
     roots = {prog.root(r) for r in reads}
     tiny = {r for r in roots if (t := prog.tensors.get(r)) is not None and t.kind == "const"
             and t.alias_of is None and t.nbytes < table_below}
-    return len(roots - tiny) + (1 if tiny else 0)
+    params = {r for r in roots if (t := prog.tensors.get(r)) is not None and t.kind == "params"}
+    return len(roots - tiny - params) + (1 if tiny else 0)
 
 
 def _bindings_after(prog: Program, op, extra_reads, table_below: int) -> int:
     """Bindings of `op`, its output's included, once it also reads `extra_reads`."""
-    return _bindings(prog, set(op.reads()) | set(extra_reads), table_below) + 1
+    return _bindings(prog, set(op.reads()) | set(extra_reads), table_below, op.out) + 1
 
 
 STACK_CONSTANT_BYTES = 4096     # constants this small may be stacked to save bindings (a bias, a norm's scale)
@@ -285,8 +286,6 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
     """Fuse elementwise work into anchors and into each other, within `max_bindings` storage
     bindings a kernel; `table_below`: the offset alignment under which a constant lives in the
     constant table (compiler/memory.py), all of a kernel's such constants one binding."""
-    if any(t.kind == "params" for t in prog.tensors.values()):
-        max_bindings -= 1   # a kernel whose sizes are symbolic also binds the dims buffer
     outputs = {prog.root(o) for o in prog.outputs}
     producer_of = {op.out: op for op in prog.ops}
 
@@ -308,9 +307,9 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
             for r in rs:
                 e = _inline(r.expr, p)
                 reads = {n.attr for n in kir.loads_of(e)}
-                if _bindings(prog, reads, table_below) + 1 > max_bindings:
+                if _bindings(prog, reads, table_below, r.out) + 1 > max_bindings:
                     e = _stack_constants(prog, e)
-                    if _bindings(prog, {n.attr for n in kir.loads_of(e)}, table_below) + 1 > max_bindings:
+                    if _bindings(prog, {n.attr for n in kir.loads_of(e)}, table_below, r.out) + 1 > max_bindings:
                         break
                 new_exprs.append(e)
             else:
@@ -346,7 +345,7 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
                 others = set(a.reads()) - set(_expr_reads_of(a.epilogue))
                 epi = _stack_constants(prog, epi, keep=others)
                 old, a.epilogue = a.epilogue, epi
-                over = _bindings(prog, a.reads(), table_below) + 1 > max_bindings
+                over = _bindings(prog, a.reads(), table_below, c.out) + 1 > max_bindings
                 a.epilogue = old
                 if over:
                     break
@@ -373,7 +372,7 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
         if a.epilogue is not None and _loads_of_tensor(a.epilogue, t) or \
                 any(_loads_of_tensor(e, t) for e in a.prologues.values()):
             return False
-        return _bindings(prog, (set(a.reads()) - {t}) | set(p.reads()), table_below) + 1 <= max_bindings
+        return _bindings(prog, (set(a.reads()) - {t}) | set(p.reads()), table_below, a.out) + 1 <= max_bindings
 
     for a in list(prog.ops):
         if not isinstance(a, Anchor):

@@ -56,8 +56,9 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     body, shared, grid = builder(op, prog, cfg, limits, b)
     body = b.bind_dims(body)
     kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
-    if len(kernel.bindings) > limits["max_storage_buffers_per_shader_stage"]:
-        raise LimitsError(f"dispatch {op.name} needs {len(kernel.bindings)} storage buffers, above the limit of "
+    storage = [bd for bd in kernel.bindings if not bd.uniform]    # the dims buffer is a uniform one
+    if len(storage) > limits["max_storage_buffers_per_shader_stage"]:
+        raise LimitsError(f"dispatch {op.name} needs {len(storage)} storage buffers, above the limit of "
                           f"{limits['max_storage_buffers_per_shader_stage']}")
     return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, b.tensors)
 
