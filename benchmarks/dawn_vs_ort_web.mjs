@@ -73,48 +73,55 @@ try {
   const info = ws.device?.adapterInfo ?? {};
   out.adapter = `${info.vendor ?? ''} ${info.architecture ?? ''} ${info.description ?? ''}`.trim();
 
-  // onnxruntime-web, WebGPU EP, one wasm thread
-  const ort = await import(pathToFileURL(join(spec.ortDir, 'ort.webgpu.min.mjs')).href);
-  ort.env.wasm.wasmPaths = pathToFileURL(spec.ortDir + '/').href;
-  ort.env.wasm.numThreads = 1;
-  ort.env.logLevel = 'error';
-  t0 = performance.now();
-  const os = await within(ort.InferenceSession.create(readFileSync(join(spec.root, spec.model)),
-    {executionProviders: ['webgpu']}), 'onnxruntime-web create');
-  const oCreate = performance.now() - t0;
-  const oFeeds = Object.fromEntries(Object.entries(feedsRaw).map(([k, f]) => [k, new ort.Tensor(f.type, f.data, f.dims)]));
-  t0 = performance.now();
-  const oOut = await within(os.run(oFeeds), 'onnxruntime-web run');
-  const oFirst = performance.now() - t0;
-
   const save = (tag, outs, names) => names.map((name, i) => {
     const t = outs[name];
     const file = join(spec.outDir, `${tag}-${i}.bin`);
     writeFileSync(file, new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
     return {name, type: t.type, dims: [...t.dims], file};
   });
-  const wNames = Object.keys(wOut);
-  out.runtimes.webiree = {createMs: wCreate, firstRunMs: wFirst, outputs: save('webiree', wOut, wNames)};
-  out.runtimes.ort = {createMs: oCreate, firstRunMs: oFirst, outputs: save('ort', oOut, os.outputNames)};
-
-  // alternating turns of 10 runs (each after its own warm-up runs): same moment for both
-  const times = {webiree: [], ort: []};
-  const runners = {webiree: () => ws.run(wFeeds), ort: () => os.run(oFeeds)};
-  for (let turn = 0; turn < Math.max(1, Math.round(spec.runs / 10)); turn++) {
-    for (const [name, run] of Object.entries(runners)) {
-      for (let i = 0; i < (spec.warmup ?? 3) + 10; i++) {
-        const t = performance.now();
-        await within(run(), `${name} run`);
-        if (i >= (spec.warmup ?? 3)) times[name].push(performance.now() - t);
+  out.runtimes.webiree = {createMs: wCreate, firstRunMs: wFirst, outputs: save('webiree', wOut, Object.keys(wOut))};
+  const runners = {webiree: () => ws.run(wFeeds)};
+  const time = async (names) => {    // alternating turns of 10 runs, each after its own warm-up runs
+    const times = Object.fromEntries(names.map((n) => [n, []]));
+    for (let turn = 0; turn < Math.max(1, Math.round(spec.runs / 10)); turn++) {
+      for (const name of names) {
+        for (let i = 0; i < (spec.warmup ?? 3) + 10; i++) {
+          const t = performance.now();
+          await within(runners[name](), `${name} run`);
+          if (i >= (spec.warmup ?? 3)) times[name].push(performance.now() - t);
+        }
       }
     }
-  }
-  for (const [name, ts] of Object.entries(times)) {
-    Object.assign(out.runtimes[name], {medianMs: median(ts), minMs: Math.min(...ts), runs: ts.length});
+    for (const [name, ts] of Object.entries(times)) {
+      Object.assign(out.runtimes[name], {medianMs: median(ts), minMs: Math.min(...ts), runs: ts.length});
+    }
+  };
+  await time(['webiree']);          // webiree alone first: its figures survive a failure of the other
+  done(out);
+
+  // onnxruntime-web, WebGPU EP, one wasm thread
+  try {
+    const ort = await import(pathToFileURL(join(spec.ortDir, 'ort.webgpu.min.mjs')).href);
+    ort.env.wasm.wasmPaths = pathToFileURL(spec.ortDir + '/').href;
+    ort.env.wasm.numThreads = 1;
+    ort.env.logLevel = 'error';
+    out.ortVersion = ort.env.versions?.web ?? ort.env.versions?.common;
+    t0 = performance.now();
+    const os = await within(ort.InferenceSession.create(new Uint8Array(readFileSync(join(spec.root, spec.model))),
+      {executionProviders: ['webgpu']}), 'onnxruntime-web create');
+    const oCreate = performance.now() - t0;
+    const oFeeds = Object.fromEntries(Object.entries(feedsRaw).map(([k, f]) => [k, new ort.Tensor(f.type, f.data, f.dims)]));
+    t0 = performance.now();
+    const oOut = await within(os.run(oFeeds), 'onnxruntime-web run');
+    out.runtimes.ort = {createMs: oCreate, firstRunMs: performance.now() - t0, outputs: save('ort', oOut, os.outputNames)};
+    runners.ort = () => os.run(oFeeds);
+    await time(['webiree', 'ort']);
+    await os.release?.();
+  } catch (e) {
+    out.ortError = String(e?.message ?? e);
   }
   done(out);
   ws.release?.();
-  await os.release?.();
   server.close();
 } catch (e) {
   done({error: String(e?.stack ?? e)});

@@ -10,7 +10,8 @@ Vulkan backend refuses lavapipe); on the lent NVIDIA machine over the Vulkan dri
 The model is built with webiree's default build (the variant picked at load, as a site ships it);
 `--ort-dir` holds onnxruntime-web's `ort.webgpu.min.mjs` and the asyncify wasm it loads
 (default benchmarks/node_modules/onnxruntime-web/dist: `npm install --prefix benchmarks
-onnxruntime-web@1.30.0`), run on one wasm thread. Both runtimes' first outputs are checked
+onnxruntime-web@1.22.0`; 1.30.0's WebGPU EP fails under dawn.node 0.6.2, see dawn_pack.sh), run
+on one wasm thread. Both runtimes' first outputs are checked
 against onnxruntime CPU on the same file (max |Δ| / max |ref| <= 1e-4 per output, else exit 1),
 then runs alternate in turns of 10 (each after 3 warm-up runs), results read back to the host in
 both. Printed: session create, first run, median and fastest run, and the ratio of medians.
@@ -91,6 +92,9 @@ def main(argv=None) -> int:
             print(f"error: node exited {proc.returncode} without a result:\n{proc.stderr[-3000:]}", file=sys.stderr)
             return 1
         r = json.loads(result_file.read_text())
+        if proc.returncode != 0 and "error" not in r and "ort" not in r["runtimes"]:
+            # webiree's part was written before onnxruntime-web's started
+            r["ortError"] = f"node exited {proc.returncode} during onnxruntime-web's part"
         if "error" in r:
             print(f"error: {r['error']}\n{proc.stderr[-2000:]}", file=sys.stderr)
             return 1
@@ -106,15 +110,19 @@ def main(argv=None) -> int:
             if len(errs) != len(names) or rr["rel_err"] > TOLERANCE:
                 ok = False
             del rr["outputs"]
-    w, o = r["runtimes"]["webiree"], r["runtimes"]["ort"]
+    w, o = r["runtimes"]["webiree"], r["runtimes"].get("ort")
     print(f"model {Path(args.onnx).name} on Dawn ({args.backend}) in Node, adapter {r['adapter'] or '?'}; webiree's "
-          f"default build (variant {r.get('variant') or '-'}), onnxruntime-web WebGPU EP on one wasm thread; "
-          f"median of {w['runs']} runs each, alternating in turns of 10")
-    print(f"{'':24}{'webiree':>12}{'ort-web':>12}{'ort/webiree':>13}")
+          f"default build (variant {r.get('variant') or '-'}), onnxruntime-web {r.get('ortVersion') or ''} WebGPU EP on "
+          f"one wasm thread; "
+          f"median of {w['runs']} runs each" + (", alternating in turns of 10" if o else ""))
+    print(f"{'':24}{'webiree':>12}" + (f"{'ort-web':>12}{'ort/webiree':>13}" if o else ""))
     for key, label in (("createMs", "session create (ms)"), ("firstRunMs", "first run (ms)"),
                        ("medianMs", "median run (ms)"), ("minMs", "fastest run (ms)")):
-        print(f"{label:24}{w[key]:12.2f}{o[key]:12.2f}{o[key] / w[key]:13.2f}")
-    print(f"{'rel. error vs ort CPU':24}{w['rel_err']:12.1e}{o['rel_err']:12.1e}   (tolerance {TOLERANCE:.0e})")
+        print(f"{label:24}{w[key]:12.2f}" + (f"{o[key]:12.2f}{o[key] / w[key]:13.2f}" if o else ""))
+    print(f"{'rel. error vs ort CPU':24}{w['rel_err']:12.1e}" + (f"{o['rel_err']:12.1e}" if o else "") +
+          f"   (tolerance {TOLERANCE:.0e})")
+    if not o:
+        print(f"onnxruntime-web: not compared: {r.get('ortError', 'no result')}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": Path(args.onnx).name, "backend": args.backend, **r}, indent=2))
     if not ok:
