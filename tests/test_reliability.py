@@ -195,7 +195,7 @@ def test_internal_failure_is_a_compiler_bug_naming_the_stage(capsys, tmp_path, m
     bug and names the stage; the original exception stays chained for --debug."""
     from webiree.compiler import passes
 
-    def broken(prog, max_bindings=8):
+    def broken(prog, *args, **kwargs):
         raise KeyError("some_tensor")
     monkeypatch.setattr(passes, "fuse", broken)
     with pytest.raises(webiree.CompilerBug, match="internal error in the fuse stage") as e:
