@@ -40,10 +40,12 @@ def test_small_constants_stack_to_fuse_within_eight_bindings(tmp_path):
     """A product followed by a chain of per-channel constants and a residual (MobileBERT's dense
     + bias + residual, then NoNorm's x * gamma + beta, twice) reads ten tensors: the chain's
     constants are stacked side by side into one (passes._stack_constants), so the whole chain is
-    the product's epilogue, one dispatch within WebGPU's 8 storage bindings."""
+    the product's epilogue, one dispatch within WebGPU's 8 storage bindings. 128 values a channel
+    (512 bytes): too large for the constant table, which would hold them in one binding anyway.
+    A second build in the same process writes the same module (the stack's name is per program)."""
     from onnx import TensorProto, helper
     rng = np.random.default_rng(3)
-    n = 24
+    n = 128
     consts = {f"c{i}": rng.standard_normal([n]).astype(np.float32) for i in range(6)}
     consts["w"] = rng.standard_normal([16, n]).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y0"]),
@@ -59,6 +61,13 @@ def test_small_constants_stack_to_fuse_within_eight_bindings(tmp_path):
     res = check_model(m, tmp_path)
     assert [d.kind for d in res.dispatches] == ["matmul"], [(d.kind, d.nodes) for d in res.dispatches]
     assert len(res.dispatches[0].nodes) == len(nodes)
+    stacks = [t for t in res.program.tensors.values() if ":stack" in t.name]
+    assert [t.shape for t in stacks] == [(6 * n,)], [(t.name, t.shape) for t in stacks]   # c0..c5 side by side
+    builds = [tmp_path / "a", tmp_path / "b"]
+    for b in builds:
+        webiree.compile(m, b)
+    assert [(b / f).read_bytes() for f in ("model.wrm", "weights.bin") for b in builds][::2] == \
+        [(b / f).read_bytes() for f in ("model.wrm", "weights.bin") for b in builds][1::2]
 
 
 def test_inspect_shows_fusion_and_memory(tmp_path):

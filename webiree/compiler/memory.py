@@ -25,6 +25,12 @@ from ..errors import LimitsError
 from ..ir.program import CONST_TABLE, Program, Tensor
 
 
+def in_constant_table(t: Tensor, alignment: int) -> bool:
+    """Whether constant `t` lives in the constant table (smaller than the binding offset alignment):
+    the memory plan below and the fusion pass's binding count (compiler/passes.py) use this rule."""
+    return t.kind == "const" and t.alias_of is None and t.nbytes < alignment
+
+
 def align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
@@ -84,7 +90,7 @@ def plan_memory(prog: Program, limits: dict) -> MemoryPlan:
             if prog.tensors[root].kind == "const" and root not in seen:
                 seen.add(root)
                 consts.append(root)
-    table = [n for n in consts if prog.tensors[n].nbytes < alignment]
+    table = [n for n in consts if in_constant_table(prog.tensors[n], alignment)]
     if table:
         buffers.append(BufferDecl("weights", 0, "weights0"))
         page = 0

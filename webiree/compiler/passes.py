@@ -47,6 +47,7 @@ from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
 from ..ir.program import O, Anchor, Conv, Generic, MatMul, Program, Tensor
+from .memory import in_constant_table
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
 PROLOGUE_COST = 32  # a producer this cheap per element (kir.varying_cost) may be recomputed inside an anchor's input loads: an int8 attention K (dequantize, bias, two transposes) costs 26
@@ -198,10 +199,6 @@ def _eval_zero(e) -> bool | None:
     return None if v is None else v == 0
 
 
-def _expr_reads_of(e) -> list[str]:
-    return [] if e is None else [n.attr for n in kir.loads_of(e)]
-
-
 def _readers(prog: Program) -> dict[str, list]:
     out: dict[str, list] = {}
     for op in prog.ops:
@@ -223,24 +220,21 @@ def _inline(expr, producer: Generic):
     return kir.substitute(expr, {"__fn__": fn})
 
 
-def _bindings(prog: Program, reads, table_below: int, out: str | None = None) -> int:
-    """Storage bindings a kernel reading `reads` needs: the constants smaller than `table_below`
-    bytes share one, the constant table (compiler/memory.py puts them there; packing only makes a
-    constant smaller). The dims buffer of a symbolic build is a uniform binding: not counted."""
-    roots = {prog.root(r) for r in reads}
-    tiny = {r for r in roots if (t := prog.tensors.get(r)) is not None and t.kind == "const"
-            and t.alias_of is None and t.nbytes < table_below}
-    params = {r for r in roots if (t := prog.tensors.get(r)) is not None and t.kind == "params"}
-    return len(roots - tiny - params) + (1 if tiny else 0)
+def _bindings(prog: Program, reads, table_below: int) -> int:
+    """Storage bindings a kernel reading `reads` needs: the small constants share one, the
+    constant table (memory.in_constant_table; packing only makes a constant smaller). The dims
+    buffer of a symbolic build is a uniform binding: not counted."""
+    tensors = [t for r in {prog.root(r) for r in reads} if (t := prog.tensors.get(r)) is not None]
+    tabled = [t for t in tensors if in_constant_table(t, table_below)]
+    return sum(1 for t in tensors if t.kind != "params") - len(tabled) + (1 if tabled else 0)
 
 
 def _bindings_after(prog: Program, op, extra_reads, table_below: int) -> int:
     """Bindings of `op`, its output's included, once it also reads `extra_reads`."""
-    return _bindings(prog, set(op.reads()) | set(extra_reads), table_below, op.out) + 1
+    return _bindings(prog, set(op.reads()) | set(extra_reads), table_below) + 1
 
 
 STACK_CONSTANT_BYTES = 4096     # constants this small may be stacked to save bindings (a bias, a norm's scale)
-_stacks = itertools.count()
 
 
 def _stack_constants(prog: Program, e, keep=()):
@@ -267,7 +261,7 @@ def _stack_constants(prog: Program, e, keep=()):
         for n in names:
             offsets[n] = at
             at += prog.tensors[n].data.size
-        sname = f"{names[0]}:stack{next(_stacks)}"
+        sname = f"{names[0]}:stack{sum(1 for n in prog.tensors if ':stack' in n)}"
         data = np.concatenate([np.ascontiguousarray(prog.tensors[n].data).reshape(-1) for n in names])
         prog.tensors[sname] = Tensor(sname, (at,), dtype, kind="const", data=data)
         mapping.update({n: (sname, off) for n, off in offsets.items()})
@@ -307,9 +301,9 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
             for r in rs:
                 e = _inline(r.expr, p)
                 reads = {n.attr for n in kir.loads_of(e)}
-                if _bindings(prog, reads, table_below, r.out) + 1 > max_bindings:
+                if _bindings(prog, reads, table_below) + 1 > max_bindings:
                     e = _stack_constants(prog, e)
-                    if _bindings(prog, {n.attr for n in kir.loads_of(e)}, table_below, r.out) + 1 > max_bindings:
+                    if _bindings(prog, {n.attr for n in kir.loads_of(e)}, table_below) + 1 > max_bindings:
                         break
                 new_exprs.append(e)
             else:
@@ -342,10 +336,10 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
             extra = [n.attr for n in kir.loads_of(epi)]
             if _bindings_after(prog, a, extra, table_below) > max_bindings:
                 # the epilogue's small constants side by side (those the anchor reads otherwise stay)
-                others = set(a.reads()) - set(_expr_reads_of(a.epilogue))
+                others = set(a.reads()) - {n.attr for n in kir.loads_of(acc)}
                 epi = _stack_constants(prog, epi, keep=others)
                 old, a.epilogue = a.epilogue, epi
-                over = _bindings(prog, a.reads(), table_below, c.out) + 1 > max_bindings
+                over = _bindings(prog, a.reads(), table_below) + 1 > max_bindings
                 a.epilogue = old
                 if over:
                     break
@@ -372,7 +366,7 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
         if a.epilogue is not None and _loads_of_tensor(a.epilogue, t) or \
                 any(_loads_of_tensor(e, t) for e in a.prologues.values()):
             return False
-        return _bindings(prog, (set(a.reads()) - {t}) | set(p.reads()), table_below, a.out) + 1 <= max_bindings
+        return _bindings(prog, (set(a.reads()) - {t}) | set(p.reads()), table_below) + 1 <= max_bindings
 
     for a in list(prog.ops):
         if not isinstance(a, Anchor):

@@ -41,8 +41,9 @@ def _pow2_at_most(n: int, cap: int) -> int:
 # Register blocks where the subgroup is 4 wide (SwiftShader, the browser's CPU renderer): at most
 # 8 rows x 4 column slots. SwiftShader compiles every pipeline before a page's first result, and
 # its compile time grows with the unrolled block (4 * S values of K x RM x RN): in Chromium,
-# MobileNetV2's pipelines with 16 x 2 vec4 / 16 x 7 blocks took 28 s to create one by one and
-# with these 16 s (MiniLM 13.7 s vs 4.1 s), for runs 1.07x (1.19x) as long. A B computed where
+# MobileNetV2's pipelines with 16 x 2 vec4 / 16 x 7 blocks took 28.1 s to create one by one and
+# with these 11.6-15.8 s (two runs; MiniLM 13.7 s vs 4.1 s), for runs natively on SwiftShader
+# 1.07x (MiniLM 1.19x) as long. A B computed where
 # it is loaded (attention's K: bias, transposes, scale) is computed for each of 4 * S x RN
 # values a step: 2 slots there (MiniLM's QK^T 0.66 s instead of 1.77 s, runs 1.01x as long).
 # lavapipe (S = 8) keeps the larger blocks: its runs were 1.19-1.30x as long with these
