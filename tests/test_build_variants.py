@@ -45,9 +45,9 @@ def _unique_vs_sum(module):
     return len(module.executables), sum(c["executables"] for c in counts)
 
 
-DEFAULT = ["gpu", "cpu", "cpu-sg8", "cpu-sg4"]
+DEFAULT = ["gpu", "cpu", "cpu-sg8", "cpu-sg4", "cpu-sg4-start"]
 RULES = {"gpu": "device_class=gpu", "cpu": "device_class=cpu", "cpu-sg8": "device_class=cpu,subgroup_size=8",
-         "cpu-sg4": "device_class=cpu,subgroup_size=4"}
+         "cpu-sg4": "device_class=cpu,subgroup_size=4", "cpu-sg4-start": "device_class=cpu,subgroup_size=4,start=1"}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -77,7 +77,7 @@ def test_default_build_carries_the_variants(builds, name):
     assert manifest["executables"] == unique and manifest["build_options"]["variants"] == DEFAULT
     assert len(list((path / "shaders").glob("*.wgsl"))) == unique
     text = describe_build(path)
-    assert f"kernel variants: 4, {unique} unique executables ({total} dispatched in all, {total - unique} shared)" in text
+    assert f"kernel variants: 5, {unique} unique executables ({total} dispatched in all, {total - unique} shared)" in text
     assert f"  cpu-sg8 rule {RULES['cpu-sg8']}: {counts['cpu-sg8']['executables']} executables" in text
 
     feeds = sample_inputs(model)
@@ -155,7 +155,7 @@ def dataclass_replace(obj, **kw):
 def test_variant_options_and_errors(builds, tmp_path):
     root, built = builds
     model, path, res = built["small_cnn"]
-    with pytest.raises(webiree.ModelError, match=r"no kernel variant 'tpu' \(it has: gpu, cpu, cpu-sg8, cpu-sg4\)"):
+    with pytest.raises(webiree.ModelError, match=r"no kernel variant 'tpu' \(it has: gpu, cpu, cpu-sg8, cpu-sg4, cpu-sg4-start\)"):
         webiree.InferenceSession(path, variant="tpu")
     with pytest.raises(webiree.ModelError, match=r"no kernel variant 'cpu' \(it has: none\)"):
         webiree.InferenceSession(root / "gpu_only", variant="cpu")
@@ -205,3 +205,37 @@ def test_dynamic_build_variants(tmp_path):
         for variant in ("gpu", "cpu", "cpu-sg8"):
             got = webiree.InferenceSession(tmp_path / "d", variant=variant).run(None, feeds)[0]
             assert_close(got, ref, name=f"y n={n} ({variant})", elementwise=True)
+
+
+def test_start_tier_has_small_blocks_and_runs_when_named(tmp_path):
+    """A variant's start tier ('-start', rule ',start=1'): the same dispatches with register blocks of
+    at most config.START_ROWS x START_COLS and row-block convolutions START_ROW_WIDTH wide, which a
+    CPU renderer compiles several times faster. No adapter picks it (webiree.js runs it while its
+    variant compiles: test_browser.py test_start_tier_runs_first_then_the_variant); named, it runs
+    natively and matches onnxruntime. It must follow its variant in the list."""
+    from webiree.wgsl_codegen import config
+
+    model = small_cnn()
+    res = webiree.compile(model, tmp_path / "b", variants="cpu-sg8,cpu-sg8-start")
+    assert [(v.name, v.rule) for v in res.module.variants] == [
+        ("cpu-sg8", "device_class=cpu,subgroup_size=8"), ("cpu-sg8-start", "device_class=cpu,subgroup_size=8,start=1")]
+    cfgs = {n: [d["config"] for d in r.module.info["dispatches"]] for n, r in res.variants.items()}
+    shrunk = 0
+    for full, start in zip(cfgs["cpu-sg8"], cfgs["cpu-sg8-start"], strict=True):
+        assert full["strategy"] == start["strategy"]
+        if start["strategy"] in ("subgroup-broadcast", "register-blocked"):
+            assert start["tile"][0] <= config.START_ROWS and start["tile"][1] <= config.START_COLS, start
+            shrunk += tuple(full["tile"]) != tuple(start["tile"])
+        elif start["strategy"] == "row-block":
+            assert (tuple(full["tile"]), tuple(start["tile"])) == ((1, 8), (1, config.START_ROW_WIDTH))
+            shrunk += 1
+    assert shrunk >= 3, cfgs
+    feeds = sample_inputs(model)
+    ref = ort_run(model, feeds)
+    assert webiree.InferenceSession(tmp_path / "b").variant == "cpu-sg8"     # lavapipe: never the start tier
+    sess = webiree.InferenceSession(tmp_path / "b", variant="cpu-sg8-start")
+    assert sess.variant == "cpu-sg8-start"
+    for g, r, o in zip(sess.run(None, feeds), ref, model.graph.output, strict=True):
+        assert_close(g, r, name=f"{o.name} (start tier)", elementwise=True)
+    with pytest.raises(webiree.LimitsError, match="cpu-sg4-start needs cpu-sg4 before it"):
+        webiree.compile(model, tmp_path / "x", variants="cpu-sg8,cpu-sg4-start")

@@ -293,7 +293,7 @@ def test_kernel_variant_picked_by_the_adapter(pypage, server, sites):
         check_outputs(r, model, feeds)
         assert r["variant"] == want, r
     r = py(pypage, RUN_PY, {"url": "../small_cnn/", "feeds": b64_feeds(feeds), "variant": "tpu"})
-    assert "no kernel variant 'tpu' (it has: gpu, cpu, cpu-sg8, cpu-sg4)" in r["error"], r
+    assert "no kernel variant 'tpu' (it has: gpu, cpu, cpu-sg8, cpu-sg4, cpu-sg4-start)" in r["error"], r
     assert not pypage.errors
 
 

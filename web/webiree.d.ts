@@ -84,6 +84,11 @@ export interface SessionOptions {
    * left out, the adapter picks: 'cpu' on a fallback / CPU adapter (isFallbackAdapter, SwiftShader,
    * llvmpipe, lavapipe), else 'gpu'. A name the build lacks is a 'model' error. */
   variant?: string;
+  /** false: run the variant's own kernels from the first run. Left out (true), a variant with a start
+   * tier (a default build's 'cpu-sg4', which SwiftShader runs) runs the start tier's small kernels,
+   * which compile several times faster, while its own pipelines are created one at a time between
+   * runs, then switches to them (runningVariant says which runs next). */
+  startTier?: boolean;
 }
 
 /** The name of the Cache API cache holding weights, one entry per content hash. */
@@ -153,12 +158,14 @@ export interface ScheduleModule {
   variants: {name: string; rule: string; registers: number; commands: unknown[][]}[];
   /** the variant this module was cut to (selectVariant), '' if none */
   variant: string;
+  /** that variant's start tier (its name ends in '-start') over the same executables, or null */
+  start?: {name: string; registers: number; commands: unknown[][]; dispatches: Record<string, unknown>[]} | null;
 }
 
 /** 'cpu' for a fallback / CPU adapter, else 'gpu': the class of kernel variant it runs. */
 export function adapterClass(adapter: GPUAdapter): 'cpu' | 'gpu';
 /** The module cut to one kernel variant: `requested`, else the adapter's class's, else the first. */
-export function selectVariant(module: ScheduleModule, adapter: GPUAdapter, requested?: string): ScheduleModule;
+export function selectVariant(module: ScheduleModule, adapter: GPUAdapter, requested?: string, startTier?: boolean): ScheduleModule;
 
 export interface IOInfo {
   name: string; dtype: 'f32' | 'i32' | 'u32' | 'bool'; onnxType: number;
@@ -187,11 +194,15 @@ export class InferenceSession {
   /** the kernel variant running ('gpu', 'cpu'), picked by the adapter or options.variant; '' for a
    * build with one set of kernels */
   readonly variant: string;
+  /** the kernel variant the next run uses: the start tier ('cpu-sg4-start') until every pipeline of
+   * `variant` is created, then `variant` */
+  readonly runningVariant: string;
   /** feeds may hold GPU tensors this session returned (run(feeds, {keep})) */
   run(feeds: Record<string, Tensor>, options?: RunOptions): Promise<Results>;
   /** Resolves once every pipeline is created. create() returns once the weights are on the GPU,
    * with the pipelines still compiling in order of first use; a run waits only for the pipelines
-   * it reaches, so awaiting ready() is never needed (it moves that wait before the first run). */
+   * it reaches, so awaiting ready() is never needed (it moves that wait before the first run).
+   * With a start tier, it also waits for the variant's own pipelines: runs after it use them. */
   ready(): Promise<void>;
   /** Generate token ids from a prompt's ids with a decoder built with the generation head: the KV
    * cache stays on the GPU, each token is picked there (argmax or seeded top-k), and per step only

@@ -263,22 +263,26 @@ function pickVariant(vs, adapter) {
   return best;
 }
 
-/** The module cut to one kernel variant (format.py pick_variant, select_variant). */
-export function selectVariant(m, adapter, want) {
+/** The module cut to one kernel variant (format.py pick_variant, select_variant), its start tier ('-start')
+ * as `start` (or null); executables in order of first use, the start tier's first: the order they compile in. */
+export function selectVariant(m, adapter, want, startTier = true) {
   const vs = m.variants;
   if (want && !vs.some((x) => x.name === want)) {
     fail('model', `the build has no kernel variant '${want}' (it has: ${vs.map((x) => x.name).join(', ') || 'none'})`);
   }
-  if (!vs.length) return m;
+  if (!vs.length) return {...m, start: null};
   const v = vs.find((x) => x.name === want) ?? pickVariant(vs, adapter);
+  const s = startTier ? vs.find((x) => x.name === `${v.name}-start`) ?? null : null;
   const sg = /(?:^|,)subgroup_size=(\d+)/.exec(v.rule);
   const limits = {...m.limits, ...(sg ? {subgroup_size: Number(sg[1])} : {}), ...(/(?:^|,)shader_f16=1/.test(v.rule) ? {shader_f16: 1} : {})};
   const isD = (c) => c[0] === OP.DISPATCH || c[0] === OP.DISPATCH_DYN;
-  const used = [...new Set(v.commands.filter(isD).map((c) => c[1]))];   // in order of first use: the order they compile in
+  const used = [...new Set([...(s?.commands ?? []), ...v.commands].filter(isD).map((c) => c[1]))];
   const at = (e) => used.indexOf(e);
-  return {...m, executables: used.map((i) => m.executables[i] ?? fail('model', `model.wrm: unknown executable ${i}`)), registers: v.registers, variants: [], variant: v.name, limits,
-    commands: v.commands.map((c) => (isD(c) ? [c[0], at(c[1]), ...c.slice(2)] : c)),
-    info: {...m.info, dispatches: (m.info.variants?.[v.name]?.dispatches ?? []).map((d) => ({...d, exec: at(d.exec)}))}};
+  const stream = (x) => ({commands: x.commands.map((c) => (isD(c) ? [c[0], at(c[1]), ...c.slice(2)] : c)), registers: x.registers,
+    dispatches: (m.info.variants?.[x.name]?.dispatches ?? []).map((d) => ({...d, exec: at(d.exec)}))});
+  const main = stream(v);
+  return {...m, executables: used.map((i) => m.executables[i] ?? fail('model', `model.wrm: unknown executable ${i}`)), registers: main.registers, variants: [], variant: v.name, limits,
+    commands: main.commands, info: {...m.info, dispatches: main.dispatches}, start: s && {name: s.name, ...stream(s)}};
 }
 
 /** Reject a binding kind, register, symbol or input dim a run would follow blindly (format.py validate_module). */
@@ -736,6 +740,7 @@ export class InferenceSession {
    * options: {onProgress({loaded, total, file}), timeoutMs, powerPreference, cache, variant}
    * variant: 'gpu' or 'cpu' kernels of a build that has both; left out, the adapter picks.
    * cache: false never reads or stores the weights in the Cache API (see WEIGHTS_CACHE).
+   * startTier: false runs the variant's own kernels from the first run, not its start tier's (_upgrade).
    * worker: true runs the session in a Web Worker (worker.js), off the page's main thread.
    */
   static async create(url, options = {}) {
@@ -764,7 +769,7 @@ export class InferenceSession {
     // the weights are fetched only once the adapter can run the module (limits and features checked)
     const [moduleBytes, adapter] = await Promise.all([
       fetchBytes(new URL(moduleFile, base), (n) => report(moduleFile, n)), adapterPromise]);
-    const module = selectVariant(readModule(moduleBytes), adapter, options.variant);
+    const module = selectVariant(readModule(moduleBytes), adapter, options.variant, options.startTier !== false);
     const device = await openDevice(adapter, module, timeout);
     const session = new InferenceSession(module, device, manifest, timeout);
     const weights = (write, onChunk = (n) => report(weightsFile, n), retry = (n) => { progress.total += n; }) =>
@@ -880,7 +885,8 @@ export class InferenceSession {
   /** Create the buffers and start every pipeline's creation, in order of first use; stream the
    * weights into their pages (loadWeights(write)) meanwhile, and return once they are written
    * (where they came from): the pipelines go on compiling in the background, and a run waits
-   * only for those it reaches (_reach). */
+   * only for those it reaches (_reach). With a start tier, only its pipelines are started here;
+   * _upgrade creates the variant's own ones after them. */
   async _prepare(loadWeights) {
     const {module: m, device: d} = this;
     const U = GPUBufferUsage;
@@ -891,60 +897,91 @@ export class InferenceSession {
     this.params = this.buffers.filter((_, i) => m.buffers[i].kind === 'params');  // the dims buffers, written per run
     const loading = loadWeights((b, bytes, offset) => d.queue.writeBuffer(this.buffers[b.index], 0, bytes, offset, b.size));
     this._progress = {last: performance.now(), ready: 0};
-    const pipelines = m.executables.map((e) => {
+    const isDispatch = (c) => c[0] === OP.DISPATCH || c[0] === OP.DISPATCH_DYN;
+    const early = m.start ? new Set(m.start.commands.filter(isDispatch).map((c) => c[1])) : null;
+    const pipelines = m.executables.map((e, i) => {
       if (e.format !== 'wgsl') fail('model', `executable ${e.name} is SPIR-V; browsers take WGSL only`, 'rebuild the model for WebGPU');
       let code = new TextDecoder().decode(e.code);
       // naga (where the WGSL is validated at build) takes subgroup builtins without the directive; Tint needs it
       if (code.includes('subgroupBroadcast(')) code = 'enable subgroups;\n' + code;
       const layout = d.createBindGroupLayout({label: e.name, entries: e.bindings.map(({slot, kind}) => (
         {binding: slot, visibility: GPUShaderStage.COMPUTE, buffer: {type: kind === BIND_UNIFORM ? 'uniform' : 'storage'}}))});
-      const shader = d.createShaderModule({label: e.name, code});
       const p = {layout, pipeline: null};
-      p.promise = d.createComputePipelineAsync({label: e.name, layout: d.createPipelineLayout({bindGroupLayouts: [layout]}),
-        compute: {module: shader, entryPoint: e.entry}}).then((pipeline) => {
-        p.pipeline = pipeline;
-        this._progress.last = performance.now();
-        this._progress.ready++;
-      }, async (err) => {
-        const info = await shader.getCompilationInfo?.().catch(() => null);
-        const notes = (info?.messages ?? []).filter((x) => x.type === 'error').map((x) => `${x.lineNum}:${x.linePos}: ${x.message}`);
-        fail('device', `cannot create the pipeline of dispatch ${e.name}: ${notes.length ? notes.join('; ') : err.message}`,
-          'this is a webiree bug: the browser rejected WGSL it emitted; please report it with the model');
-      });
+      const create = () => {
+        const shader = d.createShaderModule({label: e.name, code});
+        return d.createComputePipelineAsync({label: e.name, layout: d.createPipelineLayout({bindGroupLayouts: [layout]}),
+          compute: {module: shader, entryPoint: e.entry}}).then((pipeline) => {
+          p.pipeline = pipeline;
+          this._progress.last = performance.now();
+          this._progress.ready++;
+        }, async (err) => {
+          const info = await shader.getCompilationInfo?.().catch(() => null);
+          const notes = (info?.messages ?? []).filter((x) => x.type === 'error').map((x) => `${x.lineNum}:${x.linePos}: ${x.message}`);
+          fail('device', `cannot create the pipeline of dispatch ${e.name}: ${notes.length ? notes.join('; ') : err.message}`,
+            'this is a webiree bug: the browser rejected WGSL it emitted; please report it with the model');
+        });
+      };
+      if (!early || early.has(i)) p.promise = create();
+      else p.promise = new Promise((resolve) => { p.begin = () => { p.begin = null; resolve(create()); }; });
       p.promise.catch(() => {});
       return p;
     });
     this._pipelines = pipelines;
     const source = await loading;
-    const names = (m.info.dispatches ?? []).map((x) => x.name);
-    const regs = evalRegisters(m, m.inputs.map((io) => io.dims));   // a dynamic module's runs evaluate their own
-    this.uploads = [];
-    this.items = [];   // the dispatches; _plan adds the readback copies
-    let readbackSize = 0;
-    for (const cmd of m.commands) {
-      const op = cmd[0];
-      if (op === OP.UPLOAD_INPUT) {
-        this.uploads.push(cmd[1]);
-      } else if (op === OP.DISPATCH || op === OP.DISPATCH_DYN) {
-        const [, ex, gx, gy, gz, binds] = cmd;
+    this.uploads = m.commands.filter((c) => c[0] === OP.UPLOAD_INPUT).map((c) => c[1]);
+    const readbackSize = m.commands.filter((c) => c[0] === OP.READBACK).reduce((n, c) => n + round4(m.outputs[c[1]].size), 0);
+    // a tier: one command stream's dispatches; the variant's own, and its start tier's until _upgrade ends
+    const tier = (name, {commands, registers, dispatches}) => {
+      const view = {...m, commands, registers};   // what evalRegisters and bindDims read
+      const regs = evalRegisters(view, m.inputs.map((io) => io.dims));   // a dynamic module's runs evaluate their own
+      const items = commands.filter(isDispatch).map(([op, ex, gx, gy, gz, binds], index) => {
         const p = pipelines[ex] ?? fail('model', `model.wrm: dispatch of unknown executable ${ex}`);
         const bindGroup = d.createBindGroup({layout: p.layout, entries: binds.map(([slot, buf, offset, size]) => (
           {binding: slot, resource: {buffer: this.buffers[buf], offset, size}}))});
-        const dyn = op === OP.DISPATCH_DYN, index = this.items.length;
-        this.items.push({pipe: p, bindGroup, grid: dyn ? [regs[gx], regs[gy], regs[gz]] : [gx, gy, gz],
-          regs: dyn && this.dynamic ? [gx, gy, gz] : null, name: names[index] ?? m.executables[ex].name, index});
-      } else if (op === OP.READBACK) {
-        readbackSize += round4(m.outputs[cmd[1]].size);
-      }   // SET_REG / LOAD_DIM / ARITH: evalRegisters
-    }
+        const dyn = op === OP.DISPATCH_DYN;
+        return {pipe: p, bindGroup, grid: dyn ? [regs[gx], regs[gy], regs[gz]] : [gx, gy, gz],
+          regs: dyn && this.dynamic ? [gx, gy, gz] : null, name: dispatches[index]?.name ?? m.executables[ex].name,
+          info: dispatches[index]};
+      });
+      return {name, view, items, plans: new Map()};
+    };
+    this._tier = tier(m.variant, {commands: m.commands, registers: m.registers, dispatches: m.info.dispatches ?? []});
+    this._startTier = m.start ? tier(m.start.name, m.start) : null;
+    this.items = this._tier.items;   // the dispatches; _plan adds the readback copies
     this.readback = d.createBuffer({label: 'readback', size: Math.max(readbackSize, 4), usage: U.MAP_READ | U.COPY_DST});
     this.dispatchCount = this.items.length;
-    this._plans = new Map();
     this._resident = new Set();
     const errors = [await this._gpu(d.popErrorScope(), 'popErrorScope()'), await this._gpu(d.popErrorScope(), 'popErrorScope()')];
     const error = errors.find(Boolean);
     if (error) fail('device', `WebGPU rejected the model while preparing it: ${error.message}`);
+    if (this._startTier) this._upgrade(pipelines);
     return source;
+  }
+
+  /** With a start tier: once its pipelines are created, create the variant's other pipelines one at
+   * a time, each begun when no run is executing (a run then competes with one compilation at most),
+   * and switch the runs to the variant once all are created. Stops when the pipelines are replaced
+   * (recover) or the session released; a failed creation is reported by the run or ready() that reaches it. */
+  async _upgrade(pipelines) {
+    try {
+      for (const p of pipelines) if (!p.begin) await p.promise;
+      for (const p of pipelines) {
+        if (!p.begin) continue;
+        if (this._running) await this._running;   // the run executing, not those queued: no starving
+        if (this._pipelines !== pipelines || this._released) return;
+        p.begin();
+        await p.promise;
+      }
+      if (this._pipelines === pipelines) this._startTier = null;
+    } catch {
+      // the pipeline's own promise carries the error
+    }
+  }
+
+  /** The kernel variant the next run uses: the start tier's name ('cpu-sg4-start') until the variant's
+   * own pipelines are all created, then the variant's ('cpu-sg4'; session.variant). */
+  get runningVariant() {
+    return (this._startTier ?? this._tier)?.name ?? this.variant;
   }
 
   /** Wait for pipeline `p` (its creation started in _prepare). Pipelines compile in parallel and a
@@ -970,8 +1007,9 @@ export class InferenceSession {
     }
   }
 
-  /** Resolves once every pipeline of the session is created (runs need not wait for it: each
-   * waits for the pipelines it reaches). Rejects as a run would on a stall or a rejected WGSL. */
+  /** Resolves once every pipeline of the session is created, those of a start tier and of the variant
+   * it starts (runs need not wait for it: each waits for the pipelines it reaches; after it, runs use
+   * the variant's own kernels). Rejects as a run would on a stall or a rejected WGSL. */
   ready() {
     const result = this._queue.then(async () => { for (const p of this._pipelines) await this._reach(p); });
     this._queue = result.catch(() => {});
@@ -980,12 +1018,12 @@ export class InferenceSession {
 
   /** The commands of a run reading back the outputs in `read` (names) at their shapes `dims(io)`, packed in
    * the readback buffer; a dynamic module's counts come from its registers `regs` (0 skips a dispatch). */
-  _plan(read, dims, regs) {
+  _plan(tier, read, dims, regs) {
     const key = read.join('\0');
-    let plan = regs ? null : this._plans.get(key);
+    let plan = regs ? null : tier.plans.get(key);
     if (!plan) {
       const items = [], readbacks = [];
-      for (const it of this.items) {
+      for (const it of tier.items) {
         const grid = regs && it.regs?.map((r) => regs[r]);
         if (!grid) items.push(it);
         else if (Math.min(...grid) > 0) items.push({...it, grid});
@@ -999,7 +1037,7 @@ export class InferenceSession {
         at += size;
       }
       plan = {items, readbacks, size: at};
-      if (!regs) this._plans.set(key, plan);
+      if (!regs) tier.plans.set(key, plan);
     }
     return plan;
   }
@@ -1110,7 +1148,12 @@ export class InferenceSession {
    * location 'gpu-buffer' (await t.getData() reads one, t.dispose() frees it) and can be fed to a
    * later run of this session, copied on the GPU into the input (copyBufferToBuffer). */
   run(feeds, options = {}) {
-    const result = this._queue.then(() => this._run(feeds, options));
+    const result = this._queue.then(() => {
+      const running = this._run(feeds, options).finally(() => { if (this._running === settled) this._running = null; });
+      const settled = running.then(() => {}, () => {});
+      this._running = settled;   // what _upgrade waits for
+      return running;
+    });
     this._queue = result.catch(() => {});
     return result;
   }
@@ -1140,9 +1183,10 @@ export class InferenceSession {
       return this._encode(io, t);
     });
     // a dynamic module: this run's sizes, from the fed dims (checked against the ranges)
-    const regs = this.dynamic ? bindDims(m, m.inputs.map((io) => Array.from(feeds[io.name].dims ?? [], Number))) : null;
+    const tier = this._startTier ?? this._tier;
+    const regs = this.dynamic ? bindDims(tier.view, m.inputs.map((io) => Array.from(feeds[io.name].dims ?? [], Number))) : null;
     const dimsOf = (io) => (regs ? shapeOf(io, regs) : io.dims);
-    const plan = this._plan(wanted.filter((n) => !keep.includes(n)), dimsOf, regs);
+    const plan = this._plan(tier, wanted.filter((n) => !keep.includes(n)), dimsOf, regs);
     const dispatches = plan.items.filter((it) => it.bindGroup);
 
     d.pushErrorScope('validation');
@@ -1239,7 +1283,7 @@ export class InferenceSession {
       const ts = new BigInt64Array(this._times.getMappedRange().slice(0));
       this._times.unmap();
       this.profile = dispatches.map((it, i) => ({name: it.name, ms: Number(ts[2 * i + 1] - ts[2 * i]) / 1e6}));
-      const info = {...this.module.info, dispatches: dispatches.map((it) => this.module.info.dispatches?.[it.index])};
+      const info = {...this.module.info, dispatches: dispatches.map((it) => it.info)};
       Object.defineProperty(results, 'profile', {value: this.profile, enumerable: false, configurable: true});
       Object.defineProperty(results, 'trace', {value: chromeTrace(info, ts, dispatches.length),
                                                enumerable: false, configurable: true});

@@ -115,13 +115,14 @@ export class WorkerSession {
       Object.defineProperty(results, 'trace', {value: r.trace, enumerable: false, configurable: true});
     }
     this.lastReadbackBytes = r.lastReadbackBytes;
+    this.runningVariant = r.runningVariant;
     return results;
   }
 
   /** Resolves once every pipeline is created in the worker (see InferenceSession.ready). */
   async ready() {
     if (this._released) throw new WebireeError('device', 'the session was released', 'create a new session');
-    await this._call('ready');
+    this.runningVariant = (await this._call('ready')).runningVariant;
   }
 
   /** Release the session in the worker, then terminate the worker. */
@@ -166,13 +167,13 @@ if (IN_WORKER) {
     async create({url, options}) {
       session = await InferenceSession.create(url, {...options,
         onProgress: (progress) => globalThis.postMessage({progress})});
-      const {inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant} = session;
-      return [{inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant}];
+      const {inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant, runningVariant} = session;
+      return [{inputNames, outputNames, inputMetadata, outputMetadata, hasTimestamps, manifest, weightsSource, variant, runningVariant}];
     },
     async ready() {
       if (!session) throw new WebireeError('device', 'the session was released', 'create a new session');
       await session.ready();
-      return [null];
+      return [{runningVariant: session.runningVariant}];
     },
     async run({feeds, options}) {
       if (!session) throw new WebireeError('device', 'the session was released', 'create a new session');
@@ -180,7 +181,7 @@ if (IN_WORKER) {
       const transfer = [];
       const outputs = packTensors(results, transfer, false);
       return [{outputs, profile: results.profile ?? null, trace: results.trace ?? null,
-        lastReadbackBytes: session.lastReadbackBytes}, transfer];
+        lastReadbackBytes: session.lastReadbackBytes, runningVariant: session.runningVariant}, transfer];
     },
     async release() {
       const s = session;

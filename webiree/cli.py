@@ -200,9 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--variants", metavar="gpu,cpu,cpu-sg8", default=None,
                    help="the kernel variants the build carries: adapter classes gpu / cpu, each optionally with "
                         "-sg4/-sg8/-sg16 (matmuls broadcasting within subgroups of that size), then optionally -f16 "
-                        "(float16 activations stored as halves, for adapters with shader-f16); default: "
-                        "gpu,cpu,cpu-sg8,cpu-sg4 with the default limits, else the target's one set; the "
-                        "runtimes pick one by the adapter at load")
+                        "(float16 activations stored as halves, for adapters with shader-f16), then optionally "
+                        "-start (that variant's start tier: small kernels webiree.js runs while its pipelines "
+                        "compile); default: gpu,cpu,cpu-sg8,cpu-sg4,cpu-sg4-start with the default limits, else "
+                        "the target's one set; the runtimes pick one by the adapter at load")
     b.add_argument("--tuning", metavar="TABLE", default=None,
                    help="a tuning table (webiree tune writes one): its measured kernel configurations replace "
                         "the heuristic's where they apply to the target")

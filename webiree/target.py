@@ -37,6 +37,7 @@ DEFAULT_LIMITS = {
 DEVICE_CLASSES = ("", "gpu", "cpu")        # "": not known, kernels chosen for any adapter
 FEATURES = ("shader_f16", "timestamp_query", "packed_4x8_integer_dot_product")
 PRESETS = ("default", "gpu", "cpu")
+TIERS = ("", "start")          # "start": a kernel variant's start tier (compiler/driver.py variant_target)
 U32_MAX = 0xFFFFFFFF
 
 
@@ -46,10 +47,13 @@ class Target:
     device_class: str = ""
     subgroup_size: int = 0       # a workgroup of this many invocations runs as exactly one subgroup
     features: frozenset = frozenset()
+    tier: str = ""               # "start": the small kernels a page runs while the others compile
 
     def __post_init__(self):
         if self.device_class not in DEVICE_CLASSES:
             raise LimitsError(f"device_class must be one of {DEVICE_CLASSES[1:]}, not {self.device_class!r}")
+        if self.tier not in TIERS:
+            raise LimitsError(f"tier must be one of {TIERS[1:]}, not {self.tier!r}")
         unknown = sorted(set(self.features) - set(FEATURES))
         if unknown:
             raise LimitsError(f"unknown target features {unknown}", hint=f"known: {', '.join(FEATURES)}")
@@ -109,4 +113,6 @@ class Target:
         if self.subgroup_size:
             out["subgroup_size"] = self.subgroup_size
         out.update({f: True for f in sorted(self.features)})
+        if self.tier:
+            out["tier"] = self.tier
         return out

@@ -149,8 +149,9 @@ def _read_tokenizer(path) -> bytes:
 
 # What a default build carries: GPU-class kernels, CPU-class ones, and CPU-class ones whose matmuls
 # broadcast within subgroups of 8 (lavapipe on AVX2) or 4 (SwiftShader): picked where the adapter
-# runs exactly such subgroups (docs/performance.md, "Kernels chosen at load").
-DEFAULT_VARIANTS = "gpu,cpu,cpu-sg8,cpu-sg4"
+# runs exactly such subgroups (docs/performance.md, "Kernels chosen at load"); and the start tier of
+# the SwiftShader kernels, which webiree.js runs while those compile (config.py START_ROWS).
+DEFAULT_VARIANTS = "gpu,cpu,cpu-sg8,cpu-sg4,cpu-sg4-start"
 
 
 def default_variants(target: Target, variants):

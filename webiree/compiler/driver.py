@@ -131,16 +131,21 @@ def parse_targets(targets) -> tuple:
 VARIANTS = ("gpu", "cpu")     # device classes a build can carry kernels for (Target.device_class)
 SUBGROUP_SIZES = (4, 8, 16)   # 'cpu-sg8': the cpu kernels, matmuls broadcasting within subgroups of 8
 HALF_SUFFIX = "-f16"          # 'gpu-f16': float16 activations stored as halves (compiler/half_storage.py)
+START_SUFFIX = "-start"       # 'cpu-sg4-start': the start tier of 'cpu-sg4' (F.variant_rule, webiree.js)
 
 
 def variant_target(name: str, target: Target) -> Target:
     """The target a kernel variant is compiled for: `target`'s limits with the variant's device class,
     for a name 'CLASS-sgN' subgroups of exactly N invocations, for a name ending in '-f16' the
-    shader-f16 feature (F.variant_rule says the same)."""
+    shader-f16 feature, for one ending in '-start' the start tier (small register blocks that
+    compile fast: config.py START_BLOCK) (F.variant_rule says the same)."""
+    start = name.endswith(START_SUFFIX)
+    name = name.removesuffix(START_SUFFIX)
     half = name.endswith(HALF_SUFFIX)
     cls, _, sg = name.removesuffix(HALF_SUFFIX).partition("-sg")
     features = target.features | {half_storage.FEATURE} if half else target.features - {half_storage.FEATURE}
-    return dataclasses.replace(target, device_class=cls, subgroup_size=int(sg) if sg else 0, features=features)
+    return dataclasses.replace(target, device_class=cls, subgroup_size=int(sg) if sg else 0, features=features,
+                               tier="start" if start else "")
 
 
 def parse_variants(variants, target: Target) -> tuple:
@@ -148,8 +153,10 @@ def parse_variants(variants, target: Target) -> tuple:
     target says). A name is a device class, optionally with '-sgN' (the kernels that broadcast within
     a subgroup of N invocations, picked only on an adapter that runs such subgroups: N in 4, 8, 16),
     then optionally '-f16' (float16 activations stored as halves, picked only on an adapter with
-    shader-f16; a build whose model has none drops it). Variants are compiled at the target's
-    limits, so it must name neither a class nor a subgroup size."""
+    shader-f16; a build whose model has none drops it), then optionally '-start': the start tier of
+    the variant named without it, which must be carried too (small kernels that compile fast: a
+    page runs them while its variant's pipelines compile, then switches). Variants are compiled at
+    the target's limits, so it must name neither a class nor a subgroup size."""
     if variants is None:
         return ()
     if isinstance(variants, str):
@@ -157,11 +164,17 @@ def parse_variants(variants, target: Target) -> tuple:
     out = tuple(variants)
     ok = {*VARIANTS, *(f"{c}-sg{n}" for c in VARIANTS for n in SUBGROUP_SIZES)}
     ok |= {v + HALF_SUFFIX for v in ok}
+    ok |= {v + START_SUFFIX for v in ok}
     bad = [v for v in out if v not in ok]
     if bad or not out or len(set(out)) != len(out):
         raise LimitsError(f"variants must be distinct names among {', '.join(VARIANTS)} (each optionally with "
-                          f"-sg{'/'.join(map(str, SUBGROUP_SIZES))}, then optionally {HALF_SUFFIX}), not {out}",
-                          hint="e.g. --variants gpu,cpu,cpu-sg8,gpu-f16")
+                          f"-sg{'/'.join(map(str, SUBGROUP_SIZES))}, then optionally {HALF_SUFFIX}, then optionally "
+                          f"{START_SUFFIX}), not {out}", hint="e.g. --variants gpu,cpu,cpu-sg8,gpu-f16,cpu-sg4,cpu-sg4-start")
+    alone = [v for v in out if v.endswith(START_SUFFIX) and v.removesuffix(START_SUFFIX) not in out[:out.index(v)]]
+    if alone:
+        raise LimitsError(f"a start tier is carried after the variant it starts: {alone[0]} needs "
+                          f"{alone[0].removesuffix(START_SUFFIX)} before it in the list",
+                          hint="e.g. --variants gpu,cpu-sg4,cpu-sg4-start")
     if target.device_class or target.subgroup_size:
         raise LimitsError(f"kernel variants need a target of no device class and no subgroup size; this one is for "
                           f"{target.device_class or 'any'} adapters" +
@@ -409,7 +422,7 @@ def merge_variants(names, results) -> CompileResult:
     on the weights blob, buffers, inputs, outputs and symbols: a difference is a CompilerBug."""
     base = results[0]
     m0 = base.module
-    own = ("subgroup_size", half_storage.FEATURE)     # a variant's own, named by its rule
+    own = ("subgroup_size", half_storage.FEATURE, "tier")     # a variant's own, named by its rule
     limits = {k: v for k, v in m0.limits.items() if k not in own}
     for name, r in zip(names[1:], results[1:]):
         m = r.module
@@ -444,6 +457,8 @@ def merge_variants(names, results) -> CompileResult:
         cls = name.split("-")[0]
         if any(v.name.split("-")[0] == cls and v.commands == commands for v in variants):
             continue    # a subgroup (or -f16) variant that uses no subgroups (no halves) repeats one: not carried
+        if name.endswith(START_SUFFIX) and name.removesuffix(START_SUFFIX) not in {v.name for v in variants}:
+            continue    # the start tier of a variant not carried (it repeated another)
         vinfo = {"dispatches": dispatches, **({"tuning": r.module.info["tuning"]} if "tuning" in r.module.info else {})}
         variants.append(F.Variant(name, F.variant_rule(name), commands, r.module.registers, vinfo))
     info = {**m0.info, "dispatches": variants[0].info["dispatches"],

@@ -44,7 +44,9 @@ def describe_build(path) -> str:
         lines.append(f"kernel variants: {len(counts)}, {len(m.executables)} unique executables ({total} dispatched in "
                      f"all, {total - len(m.executables)} shared); a session runs the one its adapter's rule picks")
         lines += [f"  {c['name']:<7} rule {c['rule']}: {c['executables']} executables ({c['shared']} also in "
-                  f"another variant)" for c in counts]
+                  f"another variant)" + (f"; the start tier of {c['name'].removesuffix('-start')} (webiree.js runs it "
+                                         "while those compile)" if c["rule"].endswith(",start=1") else "")
+                  for c in counts]
     for v in m.variants or [None]:
         ds = (v.info if v else info).get("dispatches", [])
         lines.append(f"dispatches: {len(ds)}{f' (variant {v.name})' if v else ''}")

@@ -46,11 +46,16 @@ VARIANTS_TAG = b"VARS"
 
 
 def variant_rule(name: str) -> str:
-    """The rule of a variant named 'CLASS', 'CLASS-sgN', each optionally with '-f16' (compiler/driver.py
-    variant_target): 'device_class=cpu,subgroup_size=8,shader_f16=1'."""
+    """The rule of a variant named 'CLASS', 'CLASS-sgN', each optionally with '-f16', then optionally
+    '-start' (compiler/driver.py variant_target): 'device_class=cpu,subgroup_size=8,shader_f16=1'.
+    A start tier's rule ends in ',start=1', which no adapter's facts hold: it is never picked by
+    the adapter, only run by webiree.js while the pipelines of the variant it starts compile."""
+    start = name.endswith("-start")
+    name = name.removesuffix("-start")
     half = name.endswith("-f16")
     cls, _, sg = name.removesuffix("-f16").partition("-sg")
-    return f"device_class={cls}" + (f",subgroup_size={sg}" if sg else "") + (",shader_f16=1" if half else "")
+    return (f"device_class={cls}" + (f",subgroup_size={sg}" if sg else "") + (",shader_f16=1" if half else "")
+            + (",start=1" if start else ""))
 
 
 def rule_conditions(rule: str) -> dict:
@@ -401,8 +406,9 @@ def validate_module(m: Module) -> None:
     check(len({v.name for v in m.variants}) == len(m.variants), "two variants share a name")
     for v in m.variants:
         cond = rule_conditions(v.rule)
-        check(set(cond) <= {"device_class", "subgroup_size", "shader_f16"} and cond.get("subgroup_size", "1").isdigit()
-              and cond.get("shader_f16", "1") == "1",
+        check(set(cond) <= {"device_class", "subgroup_size", "shader_f16", "start"}
+              and cond.get("subgroup_size", "1").isdigit() and cond.get("shader_f16", "1") == "1"
+              and cond.get("start", "1") == "1",
               f"variant {v.name!r} has a rule this reader does not know: {v.rule!r}")
         check(v.registers >= nsym and all(r is None or r < v.registers for io in m.outputs for r in io.regs),
               f"variant {v.name!r} has fewer registers than its symbols and outputs name")

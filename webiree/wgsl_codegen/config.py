@@ -50,6 +50,18 @@ def _pow2_at_most(n: int, cap: int) -> int:
 # (docs/performance.md).
 SMALL_SUBGROUP_ROWS, SMALL_SUBGROUP_COLS = 8, 4
 
+# The start tier (a variant named '...-start', limits["tier"] == "start"): the blocks of a variant
+# that a page runs only while its own variant's pipelines compile (webiree.js), so chosen for compile
+# time alone: at most 4 rows x 1 column slot a matmul invocation, 4 outputs a row-block convolution.
+# Natively on Chromium's SwiftShader (wgpu-py, pipelines created one by one), MobileNetV2's cpu-sg4
+# pipelines took 12.1 s to create, its start tier's 2.3 s, for runs of 421-535 ms instead of 336-399
+# (4 x 1 blocks; 1 x 1 compiled in 1.9 s and ran 950-1,310 ms; docs/performance.md).
+START_ROWS, START_COLS, START_ROW_WIDTH = 4, 1, 4
+
+
+def _start_tier(limits: dict) -> bool:
+    return limits.get("tier") == "start"
+
 
 def _subgroup_broadcast(op: P.MatMul, limits: dict):
     # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
@@ -61,6 +73,8 @@ def _subgroup_broadcast(op: P.MatMul, limits: dict):
     rm = max(1, min(16, op.m))
     if S_ <= 4:     # see SMALL_SUBGROUP_ROWS
         rm, rn = min(rm, SMALL_SUBGROUP_ROWS), min(rn, 2 if _costly_b(op) else SMALL_SUBGROUP_COLS)
+    if _start_tier(limits):
+        rm, rn = min(rm, START_ROWS), min(rn, START_COLS)
     groups = lambda: -(-slots // (S_ * rn)) * -(-op.m // rm) * max(1, P.numel(op.batch))  # noqa: E731
     while groups() < 4 and rm > 1:
         rm = max(1, rm // 2)
@@ -92,6 +106,8 @@ def _register_blocked(op: P.MatMul, limits: dict):
         rn = max(1, min(rn, 48 // rm))
     while rm * rn > 48 and rm > 4:     # keep shaders small: LLVM compile time grows fast
         rm //= 2
+    if _start_tier(limits):
+        rm, rn = min(rm, START_ROWS), min(rn, START_COLS)
     while groups() < 4 and rm > 1:
         rm = max(1, rm // 2)
     if -(-op.k // 4) > SERIAL_LOOP_ITERATIONS:
@@ -158,7 +174,8 @@ def _row_block(op: P.Conv, limits: dict):
     # 64 of before on lavapipe, on 12 of MobileNetV2's 13 convolutions: benchmarks/tuning/lavapipe-mobilenet_v2.json)
     if op.out_shape[3] >= 4 and op.w_shape[1] * op.w_shape[2] * op.w_shape[3] <= 64:
         wg = min(128, limits["max_compute_invocations_per_workgroup"], limits["max_compute_workgroup_size_x"])
-        return KernelConfig((wg, 1, 1), RowBlockTile(1, 8), 1, S.ROW_BLOCK)
+        return KernelConfig((wg, 1, 1), RowBlockTile(1, START_ROW_WIDTH if _start_tier(limits) else 8), 1,
+                            S.ROW_BLOCK)
     return None
 
 
