@@ -23,6 +23,11 @@ it, serves the root with webiree's server, and in one page:
   5. prints the gzipped size of each runtime (what a page has to download
      besides the model).
 
+`--throttle MBIT_S` emulates a network of that speed (Chromium's network emulation
+over CDP, both visits), where a first visit's downloads take time and a second
+visit's cached weights save it; `--no-start-tier` runs webiree's picked variant
+from the first run (webiree.js `startTier: false`) for comparison.
+
 Chromium runs WebGPU on SwiftShader (a CPU) here, so the absolute numbers say
 little about a real GPU; the ratio and the sizes are the point. webiree runs its
 default build (`--limits default`: GPU- and CPU-class kernel variants, picked by
@@ -162,6 +167,8 @@ def main(argv=None) -> int:
                          "or one class's kernels alone")
     ap.add_argument("--no-start-tier", action="store_true",
                     help="run the picked variant's own kernels from the first run (webiree.js startTier: false)")
+    ap.add_argument("--throttle", type=float, default=0, metavar="MBIT_S",
+                    help="emulate a network of this many Mbit/s each way (40 ms latency) for both visits")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=300, help="seconds for the whole in-page benchmark")
@@ -230,6 +237,12 @@ def main(argv=None) -> int:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
                 page = browser.new_page()
+                if args.throttle:   # Chromium's own network emulation, kept across the reload
+                    cdp = page.context.new_cdp_session(page)
+                    cdp.send("Network.enable")
+                    cdp.send("Network.emulateNetworkConditions", {
+                        "offline": False, "latency": 40, "downloadThroughput": args.throttle * 1e6 / 8,
+                        "uploadThroughput": args.throttle * 1e6 / 8})
                 page.goto(base)
                 adapter = page.evaluate("""async () => { const a = await navigator.gpu?.requestAdapter();
                   return a ? `${a.info.vendor} ${a.info.architecture}` : 'none'; }""")
@@ -253,7 +266,8 @@ def main(argv=None) -> int:
     diff = res["maxRelDiff"]
     ok = diff <= TOLERANCE  # NaN compares False
     print(f"model {args.model}; Chromium {version}, WebGPU adapter {adapter}; {args.runs} timed runs after "
-          f"{args.warmup} warm-up runs, the two runtimes alternating")
+          f"{args.warmup} warm-up runs, the two runtimes alternating" +
+          (f"; network emulated at {args.throttle:g} Mbit/s, 40 ms latency" if args.throttle else ""))
     ort_version = json.loads((ORT_DIST.parent / "package.json").read_text()).get("version", "?")
     print(f"webiree: {args.limits} build{' (no start tier)' if args.no_start_tier else ''}, kernel variant {w.get('variant') or '(one)'} picked; onnxruntime-web "
           f"{ort_version}: WebGPU EP, "
@@ -273,7 +287,7 @@ def main(argv=None) -> int:
     print(f"{'runtime, gzipped (B)':22}{w_gz:12d}{o_gz:12d}{o_gz / w_gz:13.0f}")
     print(f"outputs {'agree' if ok else 'DIFFER'}: max |webiree - ort| / max |ort| = {diff:.2e} "
           f"(tolerance {TOLERANCE:.0e})")
-    print(json.dumps({"model": args.model, "limits": args.limits, "webiree": w, "ort": o, "second_visit": res["second"],
+    print(json.dumps({"model": args.model, "limits": args.limits, "throttle_mbit_s": args.throttle, "webiree": w, "ort": o, "second_visit": res["second"],
                       "webiree_gz": w_gz, "ort_gz": o_gz,
                       "ort_wasm_threads": ORT_WASM_THREADS, "max_rel_diff": diff, "tolerance": TOLERANCE}))
     if not ok:
