@@ -24,7 +24,12 @@ which keeps index math (strides, offsets) small.
 Scalar types: 'f32', 'i32', 'u32', 'bool'; one vector type, 'vec4f' (four
 f32), for wide loads and stores. Index math is i32 throughout. 'f16' and 'vec4h' are
 storage types only (a binding of halves, compiler/half_storage.py): a load of one is cast to
-f32 / vec4f at once, and a value is cast to it only to be stored.
+f32 / vec4f at once, and a value is cast to it only to be stored. 'vec4u' is a load type only
+(four words of packed 8-bit integers, read at once): its lanes are taken as u32.
+
+Packed 8-bit integers: `pack4i8(a, b, c, d)` puts the low 8 bits of four i32 into one u32 (a in
+bits 0-7); `dot4i8(x, y)` is the i32 sum of the products of the four signed bytes of two such
+words (WGSL's pack4xI8 and dot4I8Packed; legalize.py writes both with shifts for SPIR-V).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ class Expr:
     """A typed, immutable, hash-consed expression node.
 
     op:    'const' | 'var' | 'load' | 'sload' | 'cast' | 'bitcast' | 'select' | 'fma' | 'sgbcast' | 'unpack_f16'
-           | 'clamp' | a key of BINARY | a member of UNARY
+           | 'clamp' | 'pack4i8' | 'dot4i8' | a key of BINARY | a member of UNARY
     dtype: the scalar type of the value
     args:  child expressions
     attr:  constant value, variable or buffer name, or None
@@ -304,8 +309,18 @@ def splat(x: Expr) -> Expr:
 
 
 def lane(v: Expr, i: int) -> Expr:
-    """Lane i (0..3) of a vec4f."""
-    return _make("lane", "f32", (v,), "xyzw"[i])
+    """Lane i (0..3) of a vec4f (an f32) or of a vec4u (a u32)."""
+    return _make("lane", "u32" if v.dtype == "vec4u" else "f32", (v,), "xyzw"[i])
+
+
+def pack4i8(a, b, c, d) -> Expr:
+    """The low 8 bits of four i32 values in one u32, `a` in the lowest byte."""
+    return _make("pack4i8", "u32", tuple(as_expr(x, "i32") for x in (a, b, c, d)))
+
+
+def dot4i8(x, y) -> Expr:
+    """The i32 sum of the products of the four signed bytes of the u32 words x and y."""
+    return _make("dot4i8", "i32", (as_expr(x, "u32"), as_expr(y, "u32")))
 
 
 def subgroup_broadcast(v: Expr, lane_id: int) -> Expr:
@@ -316,6 +331,13 @@ def subgroup_broadcast(v: Expr, lane_id: int) -> Expr:
 
 def uses_subgroups(kernel: "Kernel") -> bool:
     return any(n.op == "sgbcast" for s in statements(kernel.body) for e in stmt_exprs(s) for n in walk(e))
+
+
+PACKED_4X8 = "packed_4x8_integer_dot_product"   # the WGSL language feature of pack4i8 and dot4i8
+
+
+def uses_packed_4x8(kernel: "Kernel") -> bool:
+    return any(n.op in ("pack4i8", "dot4i8") for s in statements(kernel.body) for e in stmt_exprs(s) for n in walk(e))
 
 
 def vec4(a, b, c, d) -> Expr:

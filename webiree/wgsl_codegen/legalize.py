@@ -41,6 +41,7 @@ FEATURES = {
     "round_f16": "an f32 rounded to the nearest float16 (ties to even, overflow to inf, NaN kept), as f32",
     "round_bf16": "an f32 rounded to the nearest bfloat16 (ties to even, NaN kept), as f32",
     "unpack_f16": "the IEEE half in the low 16 bits of a u32, as f32 (subnormals exact)",
+    "packed_4x8": "pack4i8 (four i32's low bytes in a u32) and dot4i8 (the i32 dot product of two such words)",
 }
 
 # f32 bounds of a saturating conversion: the largest f32 values inside each integer range
@@ -109,6 +110,8 @@ def feature(n: Expr, bool_memory=frozenset()) -> str | None:
             return "saturating_cast"
     if op in ("load", "sload") and (op, n.attr) in bool_memory:
         return "bool_storage"
+    if op in ("pack4i8", "dot4i8"):
+        return "packed_4x8"
     return None
 
 
@@ -236,10 +239,33 @@ def _unpack_f16(lg, n):
     return kir.select(kir.binary("eq", e, _u32(0)), tiny, normal)
 
 
+def _packed_4x8(lg, n):
+    """pack4i8: the four low bytes or'ed into place; dot4i8: each signed byte moved to the top of an
+    i32 and shifted back down (sign-extended), the four products summed (exact in i32)."""
+    if n.op == "pack4i8":
+        out = None
+        for q, x in enumerate(n.args):
+            byte = kir.binary("band", kir.bitcast(x, "u32"), _u32(255))
+            byte = kir.binary("shl", byte, _u32(8 * q)) if q else byte
+            out = byte if out is None else kir.binary("bor", out, byte)
+        return out
+
+    def byte(word, q):
+        w = kir.bitcast(word, "i32")
+        w = kir.binary("shl", w, kir.i32(24 - 8 * q)) if q < 3 else w
+        return kir.binary("shr", w, kir.i32(24))
+    x, y = n.args
+    total = None
+    for q in range(4):
+        p = byte(x, q) * byte(y, q)
+        total = p if total is None else total + p
+    return total
+
+
 RULES = {
     "erf": _erf, "tanh": _tanh, "isnan": _float_class, "isinf": _float_class,
     "int_divmod_total": _int_divmod, "shift_mod32": _shift, "saturating_cast": _saturating_cast,
     "cast_to_bool": _cast_to_bool, "cast_from_bool": _cast_from_bool, "bool_storage": _bool_load,
-    "round_f16": _round_f16, "round_bf16": _round_bf16, "unpack_f16": _unpack_f16,
+    "round_f16": _round_f16, "round_bf16": _round_bf16, "unpack_f16": _unpack_f16, "packed_4x8": _packed_4x8,
 }
 assert RULES.keys() == FEATURES.keys()

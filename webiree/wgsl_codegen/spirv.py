@@ -9,7 +9,7 @@ f32 -> int conversions and bool storage as primitive ops. What is left maps
 op by op:
 
 - every binding is a StorageBuffer `Block struct { T data[]; }` (ArrayStride 4,
-  or 16 for vec4f) at DescriptorSet 0 / Binding slot;
+  or 16 for vec4f and vec4u) at DescriptorSet 0 / Binding slot;
 - shared arrays are Workgroup variables, `Decl`s and loop counters are
   Function variables (zero-initialised at their declaration, as WGSL does);
 - builtins are Input variables (GlobalInvocationId, LocalInvocationId,
@@ -365,7 +365,7 @@ class _Emitter:
             x = self.expr(a[0])
             return self.val(OpCompositeConstruct, "vec4f", x, x, x, x)
         if op == "lane":
-            return self.val(OpCompositeExtract, "f32", self.expr(a[0]), "xyzw".index(e.attr))
+            return self.val(OpCompositeExtract, t, self.expr(a[0]), "xyzw".index(e.attr))
         if op == "vec4":
             return self.val(OpCompositeConstruct, "vec4f", *[self.expr(x) for x in a])
         if op == "sgbcast":   # OpGroupNonUniformBroadcast, Subgroup scope (3)

@@ -81,7 +81,7 @@ class Module:
         out.extend(words)
 
     def type(self, key) -> int:
-        """key: 'void' | 'bool' | 'f32' | 'i32' | 'u32' | 'vec4f' | 'f16' | 'vec4h' | 'bvec4' | 'uvec3' |
+        """key: 'void' | 'bool' | 'f32' | 'i32' | 'u32' | 'vec4f' | 'vec4u' | 'f16' | 'vec4h' | 'bvec4' | 'uvec3' |
         ('ptr', sc, key) | ('array', key, n) | ('rtarray', key) | ('block', key) | ('fn',)"""
         got = self._types.get(key)
         if got is not None:
@@ -100,6 +100,8 @@ class Module:
             c = self.type("f32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
         elif key == "f16":      # storage only (StorageBuffer16BitAccess)
             i = self.id(); self.ins(self.globals, OpTypeFloat, i, 16)
+        elif key == "vec4u":
+            c = self.type("u32"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
         elif key == "vec4h":
             c = self.type("f16"); i = self.id(); self.ins(self.globals, OpTypeVector, i, c, 4)
         elif key == "bvec4":
@@ -114,7 +116,7 @@ class Module:
         elif key[0] == "rtarray":
             t = self.type(key[1]); i = self.id()
             self.ins(self.globals, OpTypeRuntimeArray, i, t)
-            stride = {"vec4f": 16, "vec4h": 8, "f16": 2}.get(key[1], 4)
+            stride = {"vec4f": 16, "vec4u": 16, "vec4h": 8, "f16": 2}.get(key[1], 4)
             self.ins(self.annotations, OpDecorate, i, 6, stride)   # ArrayStride
         elif key[0] == "block":
             a = self.type(("rtarray", key[1])); i = self.id()

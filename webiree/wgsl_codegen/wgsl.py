@@ -20,15 +20,16 @@ from ..ir.kir import Expr
 
 # legalize.FEATURES that WGSL itself guarantees (integer division, shifts and f32 -> int
 # conversions are defined for every operand; i32(b) / f32(b) convert a bool; unpack2x16float
-# converts a half exactly)
+# converts a half exactly; pack4xI8 and dot4I8Packed: the language feature
+# packed_4x8_integer_dot_product, which the module then requires: compiler/driver.py)
 SUPPORTS = frozenset({"int_divmod_total", "shift_mod32", "saturating_cast", "cast_from_bool", "unpack_f16",
-                      "round_f16", "round_bf16"})
+                      "round_f16", "round_bf16", "packed_4x8"})
 # features printed as a call of a helper function whose body is legalize.py's own rule for it, rendered
 # once per shader (a float16 model rounds every result: inlined, the formula would be repeated per value)
 HELPERS = ("round_f16", "round_bf16")
 
 TYPE = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "vec4f": "vec4<f32>", "f16": "f16",
-        "vec4h": "vec4<f16>"}
+        "vec4h": "vec4<f16>", "vec4u": "vec4<u32>"}
 
 INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%",
@@ -132,6 +133,10 @@ class _Renderer:
             return f"subgroupBroadcast({self.expr(a[0], names)}, {e.attr}u)"
         if op == "vec4":
             return f"vec4<f32>({', '.join(self.expr(x, names) for x in a)})"
+        if op == "pack4i8":
+            return f"pack4xI8(vec4<i32>({', '.join(self.expr(x, names) for x in a)}))"
+        if op == "dot4i8":
+            return f"dot4I8Packed({self.expr(a[0], names)}, {self.expr(a[1], names)})"
         if op == "select":
             c, t, f = (self.expr(x, names) for x in a)
             return f"select({f}, {t}, {c})"

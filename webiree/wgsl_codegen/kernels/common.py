@@ -15,7 +15,7 @@ from ...ir import program as P
 from ...ir.program import O, numel
 from ...ir import kir, packing
 from ...ir.kir import For, If, Let, f32, i32, lvar
-from ...errors import LimitsError
+from ...errors import CompilerBug, LimitsError
 from ...ir.sym import DIMS_BUFFER, Dim, ceildiv, dmin, provably, upper
 
 
@@ -171,6 +171,13 @@ class Binder:
             return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
         return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 
+    def load4u(self, tensor: str, index4) -> kir.Expr:
+        """Words 4*index4 .. 4*index4+3 of a stored u32 tensor as one vec4u (its lanes are u32)."""
+        t = self.prog.tensors[self.prog.root(tensor)]
+        if t.dtype != "u32" or t.pack is not None or t.table_word is not None or tensor in self.prologues:
+            raise CompilerBug(f"{tensor!r} is not a stored u32 tensor; it cannot be read as vec4<u32>")
+        return kir.load(self.name(tensor, vec=True), kir.as_expr(index4, "i32"), "vec4u")
+
     def expr(self, e: kir.Expr) -> kir.Expr:
         """A compiler expression (loads name tensors) with loads of binding slots instead (the
         dims buffer's stay by name: bind_dims reads them once per kernel)."""
@@ -185,7 +192,11 @@ class Binder:
         if not any(t == out for t, _ in self.slots):
             self.name(out)
         tensors = self.prog.tensors
-        return [kir.Binding(i, f"b{i}", "vec4f" if vec else "u32" if tensors[t].pack else tensors[t].dtype,
+        def dtype(t, vec):
+            if vec:
+                return "vec4u" if tensors[t].dtype == "u32" and not tensors[t].pack else "vec4f"
+            return "u32" if tensors[t].pack else tensors[t].dtype
+        return [kir.Binding(i, f"b{i}", dtype(t, vec),
                             writes=(t == out),
                             uniform=numel(tensors[t].shape) if tensors[t].kind == "params" else 0)
                 for i, (t, vec) in enumerate(self.slots)]
