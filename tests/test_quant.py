@@ -36,11 +36,12 @@ def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
     assert len(reduces) == (1 if n < SPLIT_FROM else 2)
 
 
-def test_dynamic_quantization_shared_by_three_products_is_not_stored(tmp_path):
+def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path):
     """What quantize_dynamic writes for attention's Q, K and V: one DynamicQuantizeLinear read by
     three MatMulIntegers, each dequantized (Cast, scale products) with a bias. The quantized
-    activation and its scale are computed inside each product's loads, the dequantization is
-    each product's epilogue: the range's reduction (one step: a short input) and three products."""
+    activation is computed once, packed four values to a word (a quarter of the f32 activation),
+    and each exact integer product reads the words and dequantizes in its epilogue: the range's
+    reduction (one step: a short input), the packing, and three products."""
     rng = np.random.default_rng(7)
     m_, k, n = 64, 48, 32
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
@@ -64,8 +65,9 @@ def test_dynamic_quantization_shared_by_three_products_is_not_stored(tmp_path):
     assert len(got) == 3
     for g_, r in zip(got, ref):
         np.testing.assert_allclose(g_, r, rtol=1e-5, atol=1e-5 * float(np.abs(r).max()))
-    assert [d.kind for d in res.dispatches] == ["reduce", "matmul", "matmul", "matmul"], \
+    assert [d.kind for d in res.dispatches] == ["reduce", "generic", "matmul", "matmul", "matmul"], \
         [(d.kind, d.nodes) for d in res.dispatches]
+    assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
 
 
 @pytest.mark.parametrize("opset", [13, 21])
@@ -95,3 +97,99 @@ def test_qdq_pad_folds_into_the_conv(tmp_path, opset):
     (ref,) = ort_run(m, {"x": x})
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     assert [d.kind for d in res.dispatches] == ["conv"], [d.kind for d in res.dispatches]
+
+
+def _matmul_integer(m, k, n, a_type, b_type, a_zp, b_zp, seed=0):
+    """MatMulInteger of a run-time [m, k] A (and its zero point, a run-time scalar) with a constant
+    [k, n] B (and a constant zero point), as quantize_dynamic writes it."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(*INT_RANGE[b_type], size=(k, n)).astype(NP_INT[b_type])
+    inits = [helper.make_tensor("w", b_type, [k, n], w.tobytes(), raw=True)]
+    inputs = [helper.make_tensor_value_info("a", a_type, [m, k])]
+    names = ["a", "w", "az" if a_zp is not None else "", "bz" if b_zp is not None else ""]
+    if a_zp is not None:
+        inputs.append(helper.make_tensor_value_info("az", a_type, []))
+    if b_zp is not None:
+        inits.append(helper.make_tensor("bz", b_type, [], [b_zp]))
+    while not names[-1]:
+        names.pop()
+    g = helper.make_graph([helper.make_node("MatMulInteger", names, ["y"])], "g", inputs,
+                          [helper.make_tensor_value_info("y", T.INT32, [m, n])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    feeds = {"a": rng.integers(*INT_RANGE[a_type], size=(m, k)).astype(NP_INT[a_type])}
+    if a_zp is not None:
+        feeds["az"] = np.array(a_zp, NP_INT[a_type])
+    return model, feeds
+
+
+INT_RANGE = {T.UINT8: (0, 256), T.INT8: (-128, 128)}
+NP_INT = {T.UINT8: np.uint8, T.INT8: np.int8}
+# (m, k, n, A's type, B's type, A's zero point, B's zero point): quantize_dynamic's QInt8 and
+# QUInt8 forms, signed activations, no zero points, a K past one subgroup block with a ragged tail,
+# N not a multiple of 4, extreme values of every zero point
+INTEGER_PRODUCTS = [(5, 8, 12, T.UINT8, T.INT8, 3, None), (33, 64, 40, T.UINT8, T.INT8, 255, 0),
+                    (17, 100, 36, T.INT8, T.INT8, -128, 7), (64, 384, 96, T.UINT8, T.UINT8, 128, 255),
+                    (9, 1540, 22, T.UINT8, T.INT8, None, None)]
+
+
+@pytest.mark.parametrize("limits", ["gpu", "cpu", "adapter"])
+@pytest.mark.parametrize("case", INTEGER_PRODUCTS, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}")
+def test_integer_product_equals_onnxruntime(tmp_path, case, limits):
+    """A MatMulInteger with a constant B is one exact integer product (kernels/matmul_int8.py): B
+    packed four values of K to a word, A packed as it is loaded, dot4I8Packed, the zero points
+    applied through row and column sums. Equal to onnxruntime's int32 result, element for element,
+    with every strategy the planner gives it: GPU (tiled-shared, split-k), CPU (register-blocked)
+    and this adapter's (subgroup-broadcast on lavapipe)."""
+    model, feeds = _matmul_integer(*case)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    (ref,) = ort_run(model, feeds)
+    assert got.dtype == np.int32 and got.shape == ref.shape
+    np.testing.assert_array_equal(got, ref)
+    (d,) = [d for d in res.dispatches if d.kind == "matmul"]
+    assert [x.kind for x in res.dispatches] == ["generic", "matmul"]      # A packed, then the product
+    assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
+    assert d.config.strategy.value in {"gpu": {"tiled-shared", "split-k"}, "cpu": {"register-blocked"},
+                                       "adapter": {"subgroup-broadcast"}}[limits], d.config
+
+
+def test_integer_product_from_spirv(tmp_path):
+    """The same products as SPIR-V executables, where pack4i8 and dot4i8 are written with shifts
+    (legalize.py): equal to onnxruntime's."""
+    for case, limits in [(INTEGER_PRODUCTS[2], "adapter"), (INTEGER_PRODUCTS[3], "gpu"), (INTEGER_PRODUCTS[4], "cpu")]:
+        model, feeds = _matmul_integer(*case)
+        (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits, targets=("spirv",))
+        assert {e.format for e in res.module.executables} == {"spirv"}
+        np.testing.assert_array_equal(got, ort_run(model, feeds)[0])
+
+
+def test_integer_product_falls_back_where_k_is_not_a_multiple_of_4(tmp_path):
+    """K = 10 cannot be cut into words of 4: the product is summed in f32 as before (exact at this
+    size) and needs no packed-integer WGSL."""
+    model, feeds = _matmul_integer(6, 10, 8, T.UINT8, T.INT8, 5, None)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    np.testing.assert_array_equal(got, ort_run(model, feeds)[0])
+    assert "packed_4x8_integer_dot_product" not in res.module.limits
+
+
+def test_qlinear_matmul_with_constant_weights_is_an_integer_product(tmp_path):
+    """QLinearMatMul (the QOperator format) with a constant B: the integer product, then the
+    requantization (scales, zero point, round half to even, saturation) as its epilogue: equal to
+    onnxruntime's uint8 result."""
+    rng = np.random.default_rng(5)
+    m, k, n = 24, 96, 40
+    w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+    inits = [helper.make_tensor("w", T.INT8, [k, n], w.tobytes(), raw=True),
+             helper.make_tensor("as", T.FLOAT, [], [0.02]), helper.make_tensor("az", T.UINT8, [], [121]),
+             helper.make_tensor("ws", T.FLOAT, [], [0.005]), helper.make_tensor("wz", T.INT8, [], [0]),
+             helper.make_tensor("ys", T.FLOAT, [], [0.02]), helper.make_tensor("yz", T.UINT8, [], [130])]
+    g = helper.make_graph([helper.make_node("QLinearMatMul", ["a", "as", "az", "w", "ws", "wz", "ys", "yz"], ["y"])],
+                          "g", [helper.make_tensor_value_info("a", T.UINT8, [m, k])],
+                          [helper.make_tensor_value_info("y", T.UINT8, [m, n])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    feeds = {"a": rng.integers(0, 256, size=(m, k)).astype(np.uint8)}
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_array_equal(got, ref)
+    assert 0 < int((ref == 0).sum() + (ref == 255).sum()), "the case should saturate somewhere"
+    assert [d.kind for d in res.dispatches] == ["generic", "matmul"]
+    assert res.module.limits.get("packed_4x8_integer_dot_product") == 1

@@ -609,6 +609,10 @@ function checkLimits(needed, adapter) {
         'rebuild the model with the default limits, which run anywhere');
     }
   }
+  if (needed.packed_4x8_integer_dot_product && !globalThis.navigator?.gpu?.wgslLanguageFeatures?.has?.('packed_4x8_integer_dot_product')) {
+    fail('limits', "the model's integer products use WGSL's pack4xI8 and dot4I8Packed (the language feature packed_4x8_integer_dot_product), which this browser's WebGPU does not offer",
+      'use a browser with that WGSL feature (Chromium 123 and later, Firefox, Safari 26), or ship the model in float32 or float16');
+  }
   if (needed.shader_f16 && !adapter.features.has('shader-f16')) {
     fail('limits', "the model's kernels store float16 activations as halves and need the shader-f16 feature, which this adapter does not offer",
       'use a build with the default variants (one without -f16 runs here)');

@@ -385,12 +385,14 @@ def _precision(op, prog, kernel=None) -> str:
     """The dispatch's precision plan, as inspect shows it: what it computes and accumulates in, the
     storage forms of the weights it reads (ir/packing.py), the narrow type its result is rounded to
     and whether it reads or writes activations stored as halves (compiler/half_storage.py)."""
-    forms = sorted({prog.tensors[prog.root(r)].pack for r in op.reads()
-                    if prog.tensors[prog.root(r)].kind == "const" and prog.tensors[prog.root(r)].pack})
+    consts = [prog.tensors[prog.root(r)] for r in op.reads() if prog.tensors[prog.root(r)].kind == "const"]
+    forms = sorted({t.pack or t.form for t in consts if t.pack or t.form})
     exprs = [getattr(op, "expr", None), getattr(op, "epilogue", None), getattr(op, "result", None)]
     rounded = sorted({n.op[len("round_"):] for e in exprs if e is not None for n in kir.walk(e)
                       if n.op in ("round_f16", "round_bf16")})
     plan = "f32" if prog.tensors[op.out].dtype == "f32" else prog.tensors[op.out].dtype
+    if getattr(op, "int8", False):    # kernels/matmul_int8.py: exact integer products, then the epilogue
+        plan = "int8 products in i32" + (f", result {plan}" if plan != "i32" else "")
     if forms:
         plan += ", weights " + "/".join(forms)
     if rounded:
@@ -478,7 +480,7 @@ def _weights_by_form(prog, plan) -> dict:
     out: dict = {}
     for name, _, _ in plan.weights:
         t = prog.tensors[name]
-        form = t.pack or {"bool": "u32"}.get(t.dtype, t.dtype)
+        form = t.pack or t.form or {"bool": "u32"}.get(t.dtype, t.dtype)
         out[form] = out.get(form, 0) + t.nbytes
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
@@ -557,5 +559,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
         limits.pop("subgroup_size", None)    # recorded only where a kernel relies on it
     if any(half_storage.uses_halves(d.kernel) for d in dispatches):
         limits[half_storage.FEATURE] = 1     # likewise the feature: the runtimes request it
+    if any(kir.uses_packed_4x8(d.kernel) for d in dispatches):
+        limits[kir.PACKED_4X8] = 1           # integer products (kernels/matmul_int8.py): a WGSL language feature
     return F.Module(executables, buffers, inputs, outputs, commands, limits, info,
                     regs.count if regs is not None else 0, symbols)

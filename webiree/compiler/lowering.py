@@ -254,6 +254,8 @@ class Lowering:
         from .ops import Unsupported
         float_only = {MatMul: ("a", "b"), Conv: ("x", "w"), Softmax: ("x",), LayerNorm: ("x", "scale", "bias")}
         fields = float_only.get(type(op), ("x",) if isinstance(op, Pool) and op.mode != "max" else ())
+        if isinstance(op, MatMul) and op.int8:
+            fields = ()          # an integer product (kernels/matmul_int8.py)
         for f in fields:
             t = getattr(op, f)
             if t and self.dtype(t) != "f32":

@@ -35,7 +35,7 @@ import time
 
 from ..errors import DeviceError, ModelError
 from .hal import Driver, Ready
-from .requirements import CHECKED_LIMITS, check_requirements
+from .requirements import CHECKED_LIMITS, PACKED_4X8, check_requirements
 
 TIMEOUT_MS = 30000
 NO_WEBGPU_HINT = ("use a recent Chrome/Edge (or Firefox/Safari with WebGPU enabled) over https or localhost; "
@@ -268,6 +268,9 @@ class BrowserDriver(Driver):
         have = _limits_of(adapter.limits)
         if adapter.features.has("shader-f16"):
             have["shader_f16"] = 1
+        wgsl = getattr(gpu, "wgslLanguageFeatures", None)
+        if not _missing(wgsl) and wgsl.has(PACKED_4X8):
+            have[PACKED_4X8] = 1
         check_requirements(needed, have)   # the same LimitsError as the native driver
         required = {_camel(k): needed[k] for k in CHECKED_LIMITS if k in needed and k in have}
         features = [f for f in ("timestamp-query", "subgroups", "shader-f16") if adapter.features.has(f)]
@@ -281,6 +284,8 @@ class BrowserDriver(Driver):
         drv = cls(adapter, device, timeout_ms)
         if "shader-f16" in features:
             drv._limits["shader_f16"] = 1     # halves in storage (compiler/half_storage.py)
+        if have.get(PACKED_4X8):
+            drv._limits[PACKED_4X8] = 1       # integer products (wgsl_codegen/kernels/matmul_int8.py)
         size = _subgroup_size(adapter) if "subgroups" in features else 0
         if size:
             drv._limits["subgroup_size"] = size

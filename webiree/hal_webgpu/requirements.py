@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ..errors import LimitsError
 
+PACKED_4X8 = "packed_4x8_integer_dot_product"   # a WGSL language feature (ir/kir.py PACKED_4X8)
+
 # "max_*" limits a module records must not exceed the adapter's; "min_*" must be multiples of it
 CHECKED_LIMITS = ("max_compute_invocations_per_workgroup", "max_compute_workgroup_size_x",
                   "max_compute_workgroup_size_y", "max_compute_workgroup_size_z",
@@ -30,6 +32,11 @@ def check_requirements(needed: dict, have: dict) -> None:
         raise LimitsError("the model's kernels store float16 activations as halves and need the shader-f16 "
                           "feature, which this adapter does not offer",
                           hint="use a build with the default variants (one without -f16 runs here)")
+    if needed.get(PACKED_4X8) and not have.get(PACKED_4X8):
+        raise LimitsError(f"the model's integer products use WGSL's pack4xI8 and dot4I8Packed (the language "
+                          f"feature {PACKED_4X8}), which this browser's WebGPU does not offer",
+                          hint="use a browser with that WGSL feature (Chromium 123 and later, Firefox, Safari 26), "
+                               "or ship the model in float32 or float16")
     key = "min_storage_buffer_offset_alignment"
     if key in needed and key in have and needed[key] % have[key]:
         raise LimitsError(f"the model aligns buffers to {needed[key]} bytes; the adapter needs {have[key]}")

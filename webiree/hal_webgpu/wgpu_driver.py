@@ -12,6 +12,7 @@ import threading
 
 from ..errors import CompilerBug, DeviceError
 from .hal import Driver, Ready
+from .requirements import PACKED_4X8
 
 try:  # wgpu-py's cffi handles: encoding through them costs ~2 us a dispatch instead of ~25 us
     from wgpu.backends.wgpu_native._api import ffi as _ffi
@@ -66,12 +67,15 @@ def request_device():
 
 def adapter_limits() -> dict:
     """The shared adapter's limits under snake_case names, plus `subgroup_size` where the device
-    runs a workgroup of that many invocations as exactly one subgroup (see subgroup_size()) and
-    `shader_f16: 1` where the device has that feature."""
+    runs a workgroup of that many invocations as exactly one subgroup (see subgroup_size()),
+    `shader_f16: 1` where the device has that feature, and `packed_4x8_integer_dot_product: 1`."""
     adapter, _ = request_device()
     out = {k.replace("-", "_"): v for k, v in adapter.limits.items() if isinstance(v, int)}
     if "shader-f16" in request_device()[1].features:
         out["shader_f16"] = 1       # halves in storage (compiler/half_storage.py)
+    # naga, wgpu-native's shader compiler, has pack4xI8 and dot4I8Packed (wgpu-py reports no WGSL
+    # language features): integer products run here
+    out[PACKED_4X8] = 1
     size = subgroup_size()
     if size:
         out["subgroup_size"] = size

@@ -103,6 +103,8 @@ class Tensor:
     table_word: int | None = None    # a small constant: its first word in the constant table (compiler/memory.py)
     rounded: str | None = None       # 'f16' / 'bf16': an f32 tensor whose every value is one of that type
                                      # (lowering.round_narrow_outputs); f16 ones may be stored as halves
+    form: str | None = None          # constants held in a plain type but shipped narrower, as inspect reports
+                                     # them: 'i8' / 'u8' for 8-bit weights packed four to a word (ops/quant.py)
 
     @property
     def nbytes(self) -> int:
@@ -186,6 +188,16 @@ class MatMul(Anchor):
     trans_a: bool = False       # A stored as [K, M]
     trans_b: bool = False       # B stored as [N, K]
     alpha: float = 1.0
+    # An integer product of 8-bit values (MatMulInteger, QLinearMatMul), exact in i32: B is u32
+    # words [K/4, N], word (w, n) holding B'[4w .. 4w+3, n] as signed bytes (the lowest first); A is
+    # likewise words [M, K/4] of A'[m, 4w .. 4w+3] (`a_words`), or integers (i32 elements, or
+    # computed by its prologue) of [0, 255] when `a_unsigned`, else of [-128, 127], A' = A - 128
+    # when `a_unsigned`, else A. The i32 result is sum_k A'[m, k] B'[k, n] - b_zero * sum_k A'[m, k]
+    # (kernels/matmul_int8.py; compiler/ops/quant.py).
+    int8: bool = False
+    a_words: bool = False
+    a_unsigned: bool = False
+    b_zero: int = 0
 
     def inputs(self):
         return [self.a, self.b]

@@ -46,7 +46,8 @@ def problem_key(op: P.Op) -> str | None:
     if isinstance(v, P.MatMul):
         from .config import _costly_b
         return (f"matmul b{max(1, numel(v.batch))} m{v.m} n{v.n} k{v.k} ta{int(v.trans_a)} tb{int(v.trans_b)} "
-                f"bb{int(bool(v.b_batch))} v{int(matmul_vec4_ok(v))} q{int(_costly_b(v))} pa{int(v.a in v.prologues)}")
+                f"bb{int(bool(v.b_batch))} v{int(matmul_vec4_ok(v))} q{int(_costly_b(v))} pa{int(v.a in v.prologues)}"
+                + (" i8" if v.int8 else ""))
     if isinstance(v, P.Conv):
         return (f"conv x{'x'.join(map(str, v.x_shape))} w{'x'.join(map(str, v.w_shape))} "
                 f"s{'x'.join(map(str, v.strides))} d{'x'.join(map(str, v.dilations))} "
@@ -96,9 +97,12 @@ def _matmul_candidates(v: P.MatMul, limits: dict):
             yield KernelConfig((8, 1, 1), (rm, rn, 4 if v.k >= 4 else 1), vec, S.REGISTER_BLOCKED)
     for rm, rn, bk in ((8, 2, 8), (8, 2, 16), (4, 2, 8), (4, 1, 8), (2, 1, 8), (1, 1, 8), (1, 1, 16)):
         yield KernelConfig((16, 16, 1), (rm, rn, bk), 4, S.TILED_SHARED_VEC4)
-    for r, tk in ((8, 8), (4, 16), (2, 16), (1, 16)):
+    # an integer product moves words of 4 values of K: longer K steps for the same workgroup memory
+    deep = ((4, 32), (2, 32), (1, 32), (2, 64), (1, 64)) if v.int8 else ()
+    for r, tk in ((8, 8), (4, 16), (2, 16), (1, 16)) + deep:
         yield KernelConfig((16, 16, 1), (r, r, tk), 1, S.TILED_SHARED)
-    for wg, tk in (((8, 8, 4), 16), ((8, 8, 4), 8), ((16, 8, 2), 16), ((8, 4, 8), 8)):
+    for wg, tk in (((8, 8, 4), 16), ((8, 8, 4), 8), ((16, 8, 2), 16), ((8, 4, 8), 8)) + (
+            (((8, 8, 4), 32), ((8, 8, 4), 64), ((16, 8, 2), 32)) if v.int8 else ()):
         yield KernelConfig(wg, (1, 1, tk), 1, S.SPLIT_K)
 
 

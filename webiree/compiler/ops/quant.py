@@ -1,17 +1,20 @@
 """Quantization: QuantizeLinear, DequantizeLinear (per tensor, per axis,
 blocked), MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, and BitCast.
 
-8- and 16-bit integers live in i32 storage. Integer products are summed in
-f32 by the MatMul and Conv kinds: exact while every partial sum stays below
-2^24 in magnitude (8-bit operands and K up to 256 always do), then rounded
-back to integers. DynamicQuantizeLinear computes its ONNX function's values with one
+8- and 16-bit integers live in i32 storage. A MatMulInteger or QLinearMatMul whose B is a
+constant matrix (what quantize_dynamic and the QOperator format write) is one exact integer
+product (`integer_product`: MatMul.int8, four values of K a word, dot4I8Packed). Other integer
+products are summed in f32 by the MatMul and Conv kinds: exact while every partial sum stays
+below 2^24 in magnitude (8-bit operands and K up to 256 always do), then rounded back to
+integers. DynamicQuantizeLinear computes its ONNX function's values with one
 reduction for both the minimum and the maximum (the minimum of x and of -x).
 """
 
 from __future__ import annotations
 
-from ...ir.program import numel
+from ...ir.program import MatMul, numel
 from ...ir.sym import ceildiv, upper
+from .. import symbolic
 
 import itertools
 
@@ -160,9 +163,79 @@ def _to_int32(ctx, src, out):
     ctx.onnx_types[out] = 6
 
 
+def _scalar_zero_point(ctx, zp):
+    """A zero point as one number: 0 without one, the value of a constant one that is per tensor
+    (or the same for every channel); None for a run-time or a varying one."""
+    if not zp:
+        return 0
+    c = ctx.const(zp)
+    if c is None or symbolic.is_symbolic(c):
+        return None
+    c = np.asarray(c).astype(np.int64).reshape(-1)
+    return int(c[0]) if c.size and (c == c[0]).all() else None
+
+
+def integer_product(ctx, node, a, b, a_zp, b_zp, out) -> bool:
+    """out (int32) = (A - a_zp) @ (B - b_zp) as one exact integer product (MatMul.int8,
+    kernels/matmul_int8.py), where B is a constant [K, N] matrix of 8-bit integers, K a multiple
+    of 4, b_zp a constant per tensor and a_zp a scalar: B' (B - 128 if unsigned) packed as words
+    of 4 values of K, and the zero point of A applied in the epilogue through the columns' sums
+    (sum (A' - za')(B' - zb') = [sum A'B' - zb' sum A'] - za' [sum B' - K zb'], the bracket the
+    kernel's). Returns False (nothing emitted) where the product does not have that form."""
+    w = ctx.const(b)
+    sa = list(ctx.shape(a))
+    if w is None or symbolic.is_symbolic(w) or np.asarray(w).dtype not in (np.int8, np.uint8) or w.ndim != 2:
+        return False
+    if onnx_type(ctx, a) not in (2, 3) or len(sa) < 2 or sa[-1] != w.shape[0] or w.shape[0] % 4:
+        return False
+    zb = _scalar_zero_point(ctx, b_zp)
+    if zb is None or (a_zp and numel(ctx.shape(a_zp)) != 1):
+        return False
+    K, N = w.shape
+    a_unsigned, b_unsigned = onnx_type(ctx, a) == 2, w.dtype == np.uint8
+    wp = np.asarray(w).astype(np.int32) - (128 if b_unsigned else 0)
+    zbp = zb - (128 if b_unsigned else 0)
+    lanes = (wp.reshape(K // 4, 4, N) & 0xFF).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))[None, :, None]
+    words, sums = ctx.temp("words"), ctx.temp("column_sums")
+    ctx.set_const(words, np.bitwise_or.reduce(lanes, axis=1).astype(np.uint32))
+    ctx.set_const(sums, (wp.sum(axis=0) - K * zbp).astype(np.int32))
+    ctx.tensors[ctx.buffer(words)].form = "u8" if b_unsigned else "i8"     # (as inspect reports the weights)
+    rows = numel(sa[:-1])
+    raw = ctx.temp("int_product")
+    ctx.anchor(MatMul(name=node.name, out=raw, nodes=[node.name], a=_words_of(ctx, a, rows, K, a_unsigned),
+                      b=ctx.buffer(words), m=rows, n=N, k=K, int8=True, a_words=True, b_zero=zbp), [rows, N], "i32")
+    shape = sa[:-1] + [N]
+    product = ctx.temp("int_product_view")
+    ctx.view(product, raw, shape)
+    shift = 128 if a_unsigned else 0
+
+    def rule(cs):
+        za = kir.cast(ctx.read_flat(a_zp, kir.i32(0)), "i32") - shift if a_zp else kir.i32(-shift)
+        return ctx.read(product, cs) - za * ctx.read(sums, [cs[-1]])
+    ctx.generic(out, shape, "i32", rule)
+    ctx.onnx_types[out] = 6
+    return True
+
+
+def _words_of(ctx, a, rows, K, unsigned) -> str:
+    """A [rows, K] of 8-bit integers as words [rows, K/4] of A' (A - 128 if unsigned) as signed
+    bytes: one Generic, shared by every product of the same A (quantize_dynamic's Q, K and V). It
+    stays a dispatch of its own (passes.fuse leaves an integer product's words stored): computed
+    in each product's loads, A would be quantized again by every workgroup of output columns."""
+    name = f"{ctx.root(a)}:words"
+    if ctx.has(name):
+        return name
+    shift = 128 if unsigned else 0
+    ctx.generic(name, (rows, K // 4), "u32", lambda cs: kir.pack4i8(
+        *(ctx.read_flat(a, cs[0] * K + cs[1] * 4 + q) - shift for q in range(4))))
+    return name
+
+
 @register("MatMulInteger")
 def matmul_integer(ctx, node):
     a, b = node.inputs[:2]
+    if integer_product(ctx, node, a, b, node.input(2), node.input(3), node.outputs[0]):
+        return
     a2 = _centered(ctx, a, node.input(2), -2)
     b2 = _centered(ctx, b, node.input(3), -1)
     prod = ctx.temp("prod")
@@ -189,7 +262,7 @@ def _requantize(ctx, acc, scale_exprs, zp, to, out, channel_axis=None):
     s = ctx.shape(acc)
 
     def rule(cs):
-        v = ctx.read(acc, cs) * scale_exprs(cs)
+        v = kir.cast(ctx.read(acc, cs), "f32") * scale_exprs(cs)
         if zp:
             v = v + kir.cast(ctx.read_flat(zp, kir.i32(0)), "f32")
         return kir.cast(kir.clamp(kir.unary("round", v), float(lo), float(hi)), "i32")
@@ -206,13 +279,16 @@ def qlinear_matmul(ctx, node):
     for sc in (a_s, b_s, y_s):
         if numel(ctx.shape(sc)) != 1:
             raise Unsupported("QLinearMatMul with per-axis scales")
-    a2 = _centered(ctx, a, a_zp, -2)
-    b2 = _centered(ctx, b, b_zp, -1)
     prod = ctx.temp("prod")
     out = node.outputs[0]
-    ctx.expand([_node(ctx, "MatMul", [a2, b2], [prod]),
-                Node(f"{ctx.node.name}/requant", "Requantize", [prod, a_s, b_s, y_s, y_zp], [out],
-                     {"to": to}, "webiree", None, ctx.node.opset)])
+    requant = Node(f"{ctx.node.name}/requant", "Requantize", [prod, a_s, b_s, y_s, y_zp], [out],
+                   {"to": to}, "webiree", None, ctx.node.opset)
+    if integer_product(ctx, node, a, b, a_zp, b_zp, prod):
+        ctx.expand([requant])
+        return
+    a2 = _centered(ctx, a, a_zp, -2)
+    b2 = _centered(ctx, b, b_zp, -1)
+    ctx.expand([_node(ctx, "MatMul", [a2, b2], [prod]), requant])
 
 
 @register("QLinearConv")
@@ -239,7 +315,7 @@ def requantize(ctx, node):
     if bias:
         biased = ctx.temp("biased")
         ctx.generic(biased, ctx.shape(acc), "f32",
-                    lambda cs: ctx.read(acc, cs) + kir.cast(ctx.read(bias, [cs[ch]]), "f32"))
+                    lambda cs: kir.cast(ctx.read(acc, cs), "f32") + kir.cast(ctx.read(bias, [cs[ch]]), "f32"))
         acc = biased
 
     def scale(cs):

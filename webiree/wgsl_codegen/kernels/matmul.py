@@ -10,6 +10,7 @@ from ...ir.sym import dmin, is_dim
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
 from .common import Strategy, Binder, lid, epilogue
+from .matmul_int8 import build as build_int8, check as check_int8
 
 
 def _batch_indices(op: P.MatMul):
@@ -50,6 +51,8 @@ def _batch_offsets(op: P.MatMul):
 def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     if numel(op.batch) > limits["max_compute_workgroups_per_dimension"]:
         raise LimitsError(f"MatMul batch {numel(op.batch)} exceeds the workgroups per dimension limit")
+    if op.int8:
+        return build_int8(op, prog, cfg, limits, b)
     builder = {Strategy.SUBGROUP_BROADCAST: _matmul_subgroup, Strategy.TILED_SHARED_VEC4: _matmul_shared_vec4,
                Strategy.SPLIT_K: _matmul_split_k, Strategy.REGISTER_BLOCKED: _matmul_registers,
                Strategy.TILED_SHARED: _matmul_shared}[cfg.strategy]
@@ -163,6 +166,8 @@ def check(strategy: Strategy, op: P.MatMul, limits: dict) -> str | None:
     that breaks a prerequisite is an error naming the strategy, never a wrong kernel."""
     wg_x, wg_y = limits["max_compute_workgroup_size_x"], limits["max_compute_workgroup_size_y"]
     inv = limits["max_compute_invocations_per_workgroup"]
+    if op.int8 and check_int8(strategy, op):
+        return check_int8(strategy, op)
     if strategy == Strategy.SUBGROUP_BROADCAST:
         if limits.get("subgroup_size", 0) not in (4, 8, 16):
             return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"

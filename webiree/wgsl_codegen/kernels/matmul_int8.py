@@ -1,0 +1,303 @@
+"""Integer products of 8-bit values (`MatMul.int8`: MatMulInteger, QLinearMatMul), exact in i32.
+
+Four values of K travel as one u32 word of signed bytes and meet in `dot4i8` (WGSL's
+dot4I8Packed): B arrives as such words ([K/4, N], packed at build time from the constant weight:
+compiler/ops/quant.py), A's four values of K are computed (its prologue quantizes them, as
+DynamicQuantizeLinear does) and packed where they are loaded. So one word load, one broadcast and
+one instruction carry what takes four of each in the f32 kernels, and the sum is exact.
+
+The strategies are the f32 ones' (same grids, same register blocks, same planner), with words
+where those move floats: subgroup-broadcast (CPU adapters with subgroups), register-blocked (CPU),
+tiled-shared and split-k (GPUs). tiled-shared-vec4 multiplies vec4f lanes and has no integer form.
+
+A' = A - 128 for an unsigned A (so it fits a signed byte); the kernel's result is
+sum A'B' - b_zero * sum A' (the row sums taken by the same dot4i8 against 0x01010101 where b_zero
+is not 0); the lowering adds the zero point of A times the columns' sums in the epilogue.
+"""
+
+from __future__ import annotations
+
+from ...ir import program as P
+from ...ir.program import numel
+from ...ir import kir
+from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
+from .common import Strategy, Binder, lid, epilogue
+
+ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four bytes
+
+
+def _a_word(b: Binder, op: P.MatMul, a_off, row, k4):
+    """A[row, 4*k4 .. 4*k4+3] (A' for an unsigned A) packed into one word."""
+    K = op.k
+    if op.a_words:
+        return b.load(op.a, a_off // 4 + row * (K // 4) + k4, [(row, op.m), (k4, K // 4)])
+    vals = []
+    for q in range(4):
+        k = k4 * 4 + q
+        v = b.load(op.a, a_off + row * K + k, [(row, op.m), (k, K)])
+        vals.append(v - 128 if op.a_unsigned else v)
+    return kir.pack4i8(*vals)
+
+
+def _b_word(b: Binder, op: P.MatMul, k4, col):
+    """B's word of K values 4*k4 .. 4*k4+3 for column col."""
+    return b.load(op.b, k4 * op.n + col)
+
+
+def _result(op: P.MatMul, acc: str, row_sum: str | None):
+    """An accumulator's value: sum A'B' - b_zero * sum A'."""
+    v = lvar(acc, "i32")
+    return v if row_sum is None or not op.b_zero else v - lvar(row_sum, "i32") * op.b_zero
+
+
+def _store(op: P.MatMul, b: Binder, bz, values) -> list:
+    """Stores through the epilogue: values = [(i32 expression, row, column)]."""
+    M, N = op.m, op.n
+    out = b.name(op.out)
+    body = []
+    for v, r, c in values:
+        o = bz * (M * N) + r * N + c
+        body.append(If(kir.binary("and", r < M, c < N),
+                       [Store(out, o, epilogue(op, b, v, o, [(bz * M + r, c, N)]))]))
+    return body
+
+
+def _sums(op: P.MatMul, rm: int) -> list:
+    return [Decl(f"sa{i}", "i32", i32(0)) for i in range(rm)] if op.b_zero else []
+
+
+def _add_row_sum(op: P.MatMul, i: int, word) -> list:
+    return [Assign(f"sa{i}", lvar(f"sa{i}", "i32") + kir.dot4i8(word, ONES))] if op.b_zero else []
+
+
+def build(op: P.MatMul, prog, cfg, limits, b: Binder):
+    builder = {Strategy.SUBGROUP_BROADCAST: _subgroup, Strategy.REGISTER_BLOCKED: _registers,
+               Strategy.SPLIT_K: _split_k, Strategy.TILED_SHARED: _shared}[cfg.strategy]
+    return builder(op, prog, cfg, limits, b)
+
+
+def _columns(body: list, n0, stride: int, slots: int, rm: int, rn: int, vec: int) -> list:
+    """Let nc{j} = column slot n0 + j*stride (clamped to the last slot); zeroed accumulators
+    acc{i}_{j}_{q} (one per column of a slot); returns the nc{j} variables."""
+    for j in range(rn):
+        body.append(Let(f"nc{j}", kir.minimum(n0 + j * stride, slots - 1)))
+        for i in range(rm):
+            body += [Decl(f"acc{i}_{j}_{q}", "i32", i32(0)) for q in range(vec)]
+    return [lvar(f"nc{j}", "i32") for j in range(rn)]
+
+
+def _b_slot(b: Binder, op: P.MatMul, k4, slot, vec: int, name: str) -> list:
+    """Statements binding the words of K values 4*k4.. of the `vec` columns of a slot (one vec4u
+    load for 4) to name_0 .. name_{vec-1}."""
+    if vec == 1:
+        return [Let(f"{name}_0", _b_word(b, op, k4, slot))]
+    t = b.prog.tensors[b.prog.root(op.b)]
+    if t.pack is not None or t.table_word is not None:    # a small B (tests) stored narrower
+        return [Let(f"{name}_{q}", _b_word(b, op, k4, slot * 4 + q)) for q in range(4)]
+    w = Let(f"{name}_v", b.load4u(op.b, k4 * (op.n // 4) + slot))
+    return [w] + [Let(f"{name}_{q}", kir.lane(lvar(f"{name}_v", "vec4u"), q)) for q in range(4)]
+
+
+def _multiply(rm: int, rn: int, vec: int, a_words, b_words) -> list:
+    return [Assign(f"acc{i}_{j}_{q}", kir.dot4i8(a_words[i], b_words[j][q]) + lvar(f"acc{i}_{j}_{q}", "i32"))
+            for i in range(rm) for j in range(rn) for q in range(vec)]
+
+
+def _block_values(op, rm, rn, vec, m0, n0, stride):
+    return [(_result(op, f"acc{i}_{j}_{q}", f"sa{i}"), m0 + i, (n0 + j * stride) * vec + q)
+            for i in range(rm) for j in range(rn) for q in range(vec)]
+
+
+def _subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Invocation x of the one-subgroup workgroup (S invocations) owns column slots n0 + x + j*S of
+    RM rows; per block of 4*S values of K it packs A's 4 values at 4x.. of each row into a word,
+    and subgroupBroadcast hands each word to all: one word per row and source lane, one B load per
+    slot (vec4u: 4 columns' words), 4 dot4i8 of 4 values each."""
+    S = cfg.workgroup_size[0]
+    rm, rn = cfg.tile.rows, cfg.tile.cols
+    vec = cfg.vector
+    M, N, K = op.m, op.n, op.k
+    slots, K4 = N // vec, K // 4
+    bz = kir.cast(kir.WID[2], "i32")
+    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (S * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    a_off, n0, m0 = lvar("a_off", "i32"), lvar("n0", "i32"), lvar("m0", "i32")
+    for i in range(rm):
+        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
+    nc = _columns(body, n0, S, slots, rm, rn, vec)
+    body += _sums(op, rm)
+
+    def block(k40, a_k4, words):
+        """`words` words of K from word k40: each lane packs its word of every row, then broadcasts."""
+        stmts = [Let(f"aw{i}", _a_word(b, op, a_off, lvar(f"mr{i}", "i32"), a_k4)) for i in range(rm)]
+        for src in range(words):
+            a = []
+            for i in range(rm):
+                stmts.append(Let(f"s{i}_{src}", kir.subgroup_broadcast(lvar(f"aw{i}", "u32"), src)))
+                a.append(lvar(f"s{i}_{src}", "u32"))
+                stmts += _add_row_sum(op, i, a[i])
+            bw = []
+            for j in range(rn):
+                stmts += _b_slot(b, op, k40 + src, nc[j], vec, f"bw{src}_{j}")
+                bw.append([lvar(f"bw{src}_{j}_{q}", "u32") for q in range(vec)])
+            stmts += _multiply(rm, rn, vec, a, bw)
+        return stmts
+    k40 = lvar("k40", "i32")
+    main = K4 - K4 % S
+    if main:
+        body.append(For("k40", i32(0), i32(main), block(k40, k40 + lid(), S), step=S))
+    if K4 % S:   # the tail: lanes past its end re-pack its last word (never broadcast)
+        tail = K4 % S
+        body.append(kir.For("tail", i32(0), i32(1),
+                            block(i32(main), main + kir.minimum(lid(), tail - 1), tail), unroll=True))
+    body += _store(op, b, bz, _block_values(op, rm, rn, vec, m0, n0, S))
+    return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _registers(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """Invocation x owns column slots n0 + x + j*WX of RM rows; per word of K it packs each row's
+    word of A (alike in every invocation) and loads each slot's words of B."""
+    wx = cfg.workgroup_size[0]
+    rm, rn = cfg.tile.rows, cfg.tile.cols
+    vec = cfg.vector
+    M, N, K = op.m, op.n, op.k
+    slots, K4 = N // vec, K // 4
+    bz = kir.cast(kir.WID[2], "i32")
+    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    a_off, n0, m0 = lvar("a_off", "i32"), lvar("n0", "i32"), lvar("m0", "i32")
+    for i in range(rm):
+        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
+    nc = _columns(body, n0, wx, slots, rm, rn, vec)
+    body += _sums(op, rm)
+    k4 = lvar("k4", "i32")
+    step = []
+    a = []
+    for i in range(rm):
+        step.append(Let(f"aw{i}", _a_word(b, op, a_off, lvar(f"mr{i}", "i32"), k4)))
+        a.append(lvar(f"aw{i}", "u32"))
+        step += _add_row_sum(op, i, a[i])
+    bw = []
+    for j in range(rn):
+        step += _b_slot(b, op, k4, nc[j], vec, f"bw{j}")
+        bw.append([lvar(f"bw{j}_{q}", "u32") for q in range(vec)])
+    step += _multiply(rm, rn, vec, a, bw)
+    body.append(For("k4", i32(0), i32(K4), step))
+    body += _store(op, b, bz, _block_values(op, rm, rn, vec, m0, n0, wx))
+    return body, [], (-(-slots // (wx * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _shared(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """GPUs: (WY*RM) x (WX*RN) outputs per workgroup, K in steps of TK values (TK/4 words): the
+    words of A (packed as they are copied) and of B go through workgroup memory."""
+    wx, wy, _ = cfg.workgroup_size
+    rm, rn, tk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
+    tk4 = max(1, tk // 4)
+    tm, tn = wy * rm, wx * rn
+    M, N, K = op.m, op.n, op.k
+    K4 = K // 4
+    nthreads = wx * wy
+    bz = kir.cast(kir.WID[2], "i32")
+    tx, ty, li = lid(0), lid(1), kir.cast(kir.LINDEX, "i32")
+    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
+            Let("m0", kir.cast(kir.WID[1], "i32") * tm), Let("n0", kir.cast(kir.WID[0], "i32") * tn)]
+    a_off, m0, n0, k40 = lvar("a_off", "i32"), lvar("m0", "i32"), lvar("n0", "i32"), lvar("k40", "i32")
+    for i in range(rm):
+        for j in range(rn):
+            body.append(Decl(f"acc{i}_{j}", "i32", i32(0)))
+    body += _sums(op, rm)
+    zero = kir.const(0, "u32")
+
+    def copy(shared, rows, word, bound, k_fastest):
+        """shared[kk4 * rows + r] = word(r, k4) for this step's words, 0 outside the matrix."""
+        stmts = []
+        total = tk4 * rows
+        for s in range(-(-total // nthreads)):
+            idx = li + s * nthreads
+            r, kk4 = (idx // tk4, idx % tk4) if k_fastest else (idx % rows, idx // rows)
+            inb = kir.binary("and", bound(r), k40 + kk4 < K4)
+            st = [If(inb, [SStore(shared, kk4 * rows + r, word(r, k40 + kk4))], [SStore(shared, kk4 * rows + r, zero)])]
+            stmts += st if (s + 1) * nthreads <= total else [If(idx < total, st)]
+        return stmts
+    inner = copy("As", tm, lambda r, k4: _a_word(b, op, a_off, m0 + r, k4), lambda r: m0 + r < M, True)
+    inner += copy("Bs", tn, lambda c, k4: _b_word(b, op, k4, n0 + c), lambda c: n0 + c < N, False)
+    inner.append(Barrier())
+    for kk4 in range(tk4):
+        a = [kir.sload("As", kk4 * tm + ty + i * wy, "u32") for i in range(rm)]
+        bw = [kir.sload("Bs", kk4 * tn + tx + j * wx, "u32") for j in range(rn)]
+        for i in range(rm):
+            inner += _add_row_sum(op, i, a[i])
+            for j in range(rn):
+                inner.append(Assign(f"acc{i}_{j}", kir.dot4i8(a[i], bw[j]) + lvar(f"acc{i}_{j}", "i32")))
+    inner.append(Barrier())
+    body.append(For("k40", i32(0), i32(K4), inner, step=tk4))
+    body += _store(op, b, bz, [(_result(op, f"acc{i}_{j}", f"sa{i}"), m0 + ty + i * wy, n0 + tx + j * wx)
+                               for i in range(rm) for j in range(rn)])
+    shared = [kir.SharedArray("As", "u32", tk4 * tm), kir.SharedArray("Bs", "u32", tk4 * tn)]
+    return body, shared, (-(-N // tn), -(-M // tm), max(numel(op.batch), 1))
+
+
+def _split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
+    """GPUs, small outputs with a long K: WX x WY x KS invocations a WY x WX output tile, slice z
+    taking every KS-th step of TK values (TK/4 words); the KS partial sums (and row sums) meet in
+    workgroup memory."""
+    wx, wy, ks = cfg.workgroup_size
+    tk4 = max(1, cfg.tile.k_step // 4)
+    M, N, K = op.m, op.n, op.k
+    K4 = K // 4
+    per = wx * wy
+    steps = -(-K4 // (tk4 * ks))
+    bz = kir.cast(kir.WID[2], "i32")
+    tx, ty, tz = lid(0), lid(1), lid(2)
+    li = tx + ty * wx
+    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
+            Let("m0", kir.cast(kir.WID[1], "i32") * wy), Let("n0", kir.cast(kir.WID[0], "i32") * wx),
+            Decl("acc", "i32", i32(0))] + _sums(op, 1)
+    a_off, m0, n0, kb = lvar("a_off", "i32"), lvar("m0", "i32"), lvar("n0", "i32"), lvar("kb", "i32")
+    a_sh, b_sh = tz * (tk4 * wy), tz * (tk4 * wx)
+    zero = kir.const(0, "u32")
+
+    def fill(shared, base, rows, word, bound, k_fastest):
+        out = []
+        for s in range(-(-(tk4 * rows) // per)):
+            idx = li + s * per
+            r, kk4 = (idx // tk4, idx % tk4) if k_fastest else (idx % rows, idx // rows)
+            inb = kir.binary("and", bound(r), kb + kk4 < K4)
+            st = [If(inb, [SStore(shared, base + kk4 * rows + r, word(r, kb + kk4))],
+                     [SStore(shared, base + kk4 * rows + r, zero)])]
+            out += st if (s + 1) * per <= tk4 * rows else [If(idx < tk4 * rows, st)]
+        return out
+    inner = [Let("kb", (lvar("s", "i32") * ks + tz) * tk4)]
+    inner += fill("As", a_sh, wy, lambda r, k4: _a_word(b, op, a_off, m0 + r, k4), lambda r: m0 + r < M, True)
+    inner += fill("Bs", b_sh, wx, lambda c, k4: _b_word(b, op, k4, n0 + c), lambda c: n0 + c < N, False)
+    inner.append(Barrier())
+    for kk4 in range(tk4):
+        a = kir.sload("As", a_sh + kk4 * wy + ty, "u32")
+        inner += _add_row_sum(op, 0, a)
+        inner.append(Assign("acc", kir.dot4i8(a, kir.sload("Bs", b_sh + kk4 * wx + tx, "u32")) + lvar("acc", "i32")))
+    inner.append(Barrier())
+    body.append(For("s", i32(0), i32(steps), inner))
+    value = _result(op, "acc", "sa0")
+    body += [SStore("red", tz * per + li, value), Barrier()]
+    total = kir.sload("red", li, "i32")
+    for z in range(1, ks):
+        total = total + kir.sload("red", z * per + li, "i32")
+    r, c = m0 + ty, n0 + tx
+    o = bz * (M * N) + r * N + c
+    out = b.name(op.out)
+    body.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)),
+                   [Let("sum", total), Store(out, o, epilogue(op, b, lvar("sum", "i32"), o, [(bz * M + r, c, N)]))]))
+    shared = [kir.SharedArray("As", "u32", ks * tk4 * wy), kir.SharedArray("Bs", "u32", ks * tk4 * wx),
+              kir.SharedArray("red", "i32", ks * per)]
+    return body, shared, (-(-N // wx), -(-M // wy), max(numel(op.batch), 1))
+
+
+def check(strategy: Strategy, op: P.MatMul) -> str | None:
+    """Why `strategy` cannot build this integer product (None: it can)."""
+    if strategy == Strategy.TILED_SHARED_VEC4:
+        return "multiplies f32 lanes; an integer product takes tiled-shared or split-k"
+    if op.k % 4 or op.trans_a or op.trans_b or op.b_batch or op.alpha != 1.0:
+        return "needs K a multiple of 4, A row-major and B as one matrix of words"
+    return None
