@@ -637,6 +637,107 @@ def unroll(body: list) -> list:
     return out
 
 
+def hoist_invariants(body: list, written, prefix: str = "inv") -> list:
+    """`body` with every largest subexpression that reads a buffer but depends on nothing that varies
+    within the kernel computed once, at the top: no invocation or workgroup id, loop counter,
+    variable or workgroup memory, only loads (at such indices) of buffers the kernel never writes
+    (`written`: their names) and the leading top-level Lets of such values (the sizes bind_dims
+    reads). Shader compilers keep such loads where they are: every binding is read_write, so a
+    store anywhere may alias them; lavapipe then pays a load per lane for each, every time (an int8
+    product's dequantization scale, read again for each of its 128 outputs per invocation)."""
+    written = set(written)
+    invariant_names: set = set()
+    memo: dict = {}
+    loads: dict = {}
+
+    def invariant(n: Expr) -> bool:
+        got = memo.get(n)
+        if got is None:
+            if n.op == "var":
+                got = n.attr in invariant_names
+            elif n.op in ("sload", "sgbcast"):
+                got = False
+            elif n.op == "load":
+                got = n.attr not in written and invariant(n.args[0])
+            else:
+                got = all(invariant(a) for a in n.args)
+            memo[n] = got
+        return got
+
+    def reads(n: Expr) -> bool:
+        got = loads.get(n)
+        if got is None:
+            got = loads[n] = n.op == "load" or any(reads(a) for a in n.args)
+        return got
+
+    k = 0
+    while k < len(body) and isinstance(body[k], Let) and invariant(body[k].value):
+        invariant_names.add(body[k].name)
+        memo.clear()
+        k += 1
+    hoisted: dict = {}
+    lets: list = []
+
+    def fn(node: Expr):
+        if node.op in ("const", "var") or not invariant(node) or not reads(node):
+            return None
+        name = hoisted.get(node)
+        if name is None:
+            name = hoisted[node] = f"{prefix}{len(hoisted)}"
+            lets.append(Let(name, node))
+        return var(name, node.dtype)
+    cache: dict = {}
+    rest = map_exprs(body[k:], lambda e: substitute(e, {"__fn__": fn}, cache))
+    return body[:k] + lets + rest
+
+
+def share_reads(stmts: list, written, prefix: str = "sh") -> list:
+    """`stmts` (straight-line statements, such as a register block's guarded stores) preceded by a
+    Let for every largest subexpression that reads a buffer the kernel never writes and appears in
+    two or more of them: a bias or a column's scale read once per column, not once per output. A
+    WebGPU dispatch may not bind one byte range writable twice, so no store here changes what such
+    a read gives; a shader compiler cannot tell, and would read it again after every store."""
+    written = set(written)
+    count: dict = {}
+    reads: dict = {}
+
+    def reads_memory(n: Expr) -> bool:
+        got = reads.get(n)
+        if got is None:
+            got = reads[n] = (n.op == "load" and n.attr not in written) or any(reads_memory(a) for a in n.args)
+        return got
+
+    clean_memo: dict = {}
+
+    def clean(n: Expr) -> bool:      # reads only buffers the kernel never writes, no workgroup memory
+        got = clean_memo.get(n)
+        if got is None:
+            got = clean_memo[n] = n.op != "sload" and not (n.op == "load" and n.attr in written) and \
+                all(clean(a) for a in n.args)
+        return got
+
+    for s in stmts:
+        seen: set = set()
+        for e in [x for t in statements([s]) for x in stmt_exprs(t)]:
+            for n in walk(e, seen):
+                count[n] = count.get(n, 0) + 1
+    shared: dict = {}
+    lets: list = []
+
+    def fn(node: Expr):
+        if node.op in ("const", "var") or count.get(node, 0) < 2 or not reads_memory(node) or not clean(node):
+            return None
+        name = shared.get(node)
+        if name is None:
+            inner = substitute(node, {"__fn__": lambda n: fn(n) if n is not node else None})
+            name = shared[node] = f"{prefix}{len(shared)}"
+            lets.append(Let(name, inner))
+        return var(name, node.dtype)
+    cache: dict = {}
+    rest = map_exprs(stmts, lambda e: substitute(e, {"__fn__": fn}, cache))
+    return lets + rest
+
+
 def rename_lets(body: list, suffix: str) -> list:
     lets = [s for s in statements(body) if isinstance(s, (Let, Decl))]
     if not lets:

@@ -55,7 +55,9 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     b = Binder(prog, getattr(op, "prologues", None))
     body, shared, grid = builder(op, prog, cfg, limits, b)
     body = b.bind_dims(body)
-    kernel = kir.Kernel(op.name, b.bindings(op.out), cfg.workgroup_size, body, shared)
+    bindings = b.bindings(op.out)
+    body = kir.hoist_invariants(body, {bd.name for bd in bindings if bd.writes})
+    kernel = kir.Kernel(op.name, bindings, cfg.workgroup_size, body, shared)
     storage = [bd for bd in kernel.bindings if not bd.uniform]    # the dims buffer is a uniform one
     if len(storage) > limits["max_storage_buffers_per_shader_stage"]:
         raise LimitsError(f"dispatch {op.name} needs {len(storage)} storage buffers, above the limit of "

@@ -157,7 +157,7 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
             row, col = bz * M + r, c * vec + q
             stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q, [(row, col, N)])))
         body.append(If(cond, stores))
-    return body
+    return kir.share_reads(body, {out})     # a column's bias (or scale) read once per column
 
 
 def check(strategy: Strategy, op: P.MatMul, limits: dict) -> str | None:

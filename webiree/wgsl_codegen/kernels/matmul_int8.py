@@ -59,7 +59,7 @@ def _store(op: P.MatMul, b: Binder, bz, values) -> list:
         o = bz * (M * N) + r * N + c
         body.append(If(kir.binary("and", r < M, c < N),
                        [Store(out, o, epilogue(op, b, v, o, [(bz * M + r, c, N)]))]))
-    return body
+    return kir.share_reads(body, {out})     # a column's sum, scale and bias read once per column
 
 
 def _sums(op: P.MatMul, rm: int) -> list:
