@@ -23,8 +23,13 @@ sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not 
 # precision (f32 / fp16 / int8 / int4 variants of MiniLM and MobileNetV2), generation (a GPT-2-small-sized
 # decoder generating token by token: webiree vs onnxruntime CPU and torch CUDA; GEN_REPEAT generations each,
 # GEN_VARIANTS of f32,fp16,int4, GEN_ARGS passed on, e.g. "--layers 2"), tune (webiree tune per model:
-# the tuning tables of benchmarks/tuning/, each with its tuned / heuristic end-to-end ratio)
+# the tuning tables of benchmarks/tuning/, each with its tuned / heuristic end-to-end ratio; the model
+# minilm_int8 is MiniLM through quantize_dynamic), dot4 (int8 dot products vs f32 fma on the adapter)
+# PRECISION_ARGS is passed to precision.py (e.g. "--only minilm")
 STAGES=${STAGES:-variants models torch dynamic precision generation}
+if [[ $STAGES == *dot4* ]]; then
+  python3 benchmarks/dot4_throughput.py 2>&1 | tee "$OUT/dot4.txt" || status=1
+fi
 if [[ $STAGES == *variants* ]]; then
   python3 benchmarks/matmul_variants.py --runs 10 ${SHAPES:-} 2>&1 | tee "$OUT/matmul_variants.txt" || status=1
 fi
@@ -37,6 +42,10 @@ if [[ $STAGES == *generation* ]]; then  # per-token latency; exits 1 if webiree'
 fi
 [[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* || $STAGES == *tune* || $STAGES == *compare* || $STAGES == *dawn* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
+if [[ ${TUNE_MODELS:-} == *minilm_int8* ]]; then
+  python3 -c "from webiree.testing.models import quantize_dynamic_model as q; q('/tmp/seed/minilm.onnx', '/tmp/seed/minilm_int8.onnx')" 2>&1 | grep -v WARNING
+  cp /tmp/seed/minilm.inputs.npz /tmp/seed/minilm_int8.inputs.npz
+fi
 if [[ $STAGES == *dawn* ]]; then  # webiree.js vs onnxruntime-web on Dawn in Node (.dawn/ from benchmarks/dawn_pack.sh)
   mkdir -p /tmp/dawn && tar -xJf .dawn/dawn.tar.xz -C /tmp/dawn || exit 1
   for m in ${DAWN_MODELS:-mobilenet_v2 minilm}; do
@@ -45,7 +54,7 @@ if [[ $STAGES == *dawn* ]]; then  # webiree.js vs onnxruntime-web on Dawn in Nod
   done
 fi
 if [[ $STAGES == *precision* ]]; then  # each variant checked within its model's tolerance, then timed in turns
-  python3 benchmarks/precision.py --seed-dir /tmp/seed --runs ${RUNS:-30} --json "$OUT/precision.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
+  python3 benchmarks/precision.py --seed-dir /tmp/seed --runs ${RUNS:-30} ${PRECISION_ARGS:-} --json "$OUT/precision.json" 2>&1 | grep -v "^Forcing\|WARNING" || status=1
 fi
 python3 benchmarks/make_matmul.py 4096 /tmp/seed/matmul4096.onnx
 if [[ $STAGES == *tune* ]]; then  # a table per model, written as soon as it is measured
