@@ -7,17 +7,18 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from webiree.compiler.ops.quant import SPLIT_FROM
+from webiree.compiler.ops.quant import SPLIT, SPLIT_FROM
 from webiree.testing.models import IR_VERSION
 
 from .conftest import compile_and_run, ort_run
 
 
 @pytest.mark.parametrize("n", [1000, SPLIT_FROM + 1, 3 * SPLIT_FROM + 17],
-                         ids=["one step", "two steps, ragged", "two steps, long"])
+                         ids=["one slice", "slices, ragged", "slices, long"])
 def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
-    """The range of a long input is reduced in slices then over the slices (+inf filling the last
-    slice's tail): y, y_scale and y_zero_point equal onnxruntime's, with the extremes anywhere."""
+    """The range of a long input is reduced in slices in one dispatch (+inf filling the last slice's
+    tail), their minima taken where the scale and zero point are read: y, y_scale and y_zero_point
+    equal onnxruntime's, with the extremes anywhere."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     x[-1], x[n // 3] = 9.5, -7.25          # the maximum in the tail, the minimum inside
@@ -32,8 +33,8 @@ def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
     np.testing.assert_array_equal(got[1], ref[1])
     np.testing.assert_array_equal(got[2], ref[2])
     np.testing.assert_array_equal(got[0], ref[0])
-    reduces = [d for d in res.dispatches if d.kind == "reduce"]
-    assert len(reduces) == (1 if n < SPLIT_FROM else 2)
+    (reduce,) = [d for d in res.dispatches if d.kind == "reduce"]       # one dispatch: the slices at once
+    assert reduce.grid[0] * reduce.grid[1] == 2 * (1 if n < SPLIT_FROM else SPLIT), reduce.grid
 
 
 def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path):

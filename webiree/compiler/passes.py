@@ -199,6 +199,13 @@ def _eval_zero(e) -> bool | None:
     return None if v is None else v == 0
 
 
+def _moves_data(e) -> bool:
+    """Whether `e` is one element of one tensor, possibly cast: a transpose, a slice, a broadcast."""
+    while e.op == "cast":
+        e = e.args[0]
+    return e.op == "load" and len(kir.loads_of(e)) == 1
+
+
 def _readers(prog: Program) -> dict[str, list]:
     out: dict[str, list] = {}
     for op in prog.ops:
@@ -294,8 +301,14 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
             rs = readers.get(p.out, [])
             if not rs or not all(isinstance(r, Generic) for r in rs):
                 continue
-            cheap = kir.varying_cost(p.expr, O) <= INLINE_COST
-            if not cheap and (len(rs) > 1 or len(_loads_of_tensor(rs[0].expr, p.out)) > 1):
+            cost = kir.varying_cost(p.expr, O)
+            # data movement (a transpose: one load and its index arithmetic) read in place by each
+            # reader: quantize_dynamic's range and packing of a transposed attention output
+            cheap = cost <= INLINE_COST or (_moves_data(p.expr) and cost <= PROLOGUE_COST)
+            # the packing of 8-bit values four to a word (ops/quant.py _words_of) reads each element
+            # once: computed there, a quantization costs no more than stored
+            once = len(rs) == 1 and rs[0].expr.op == "pack4i8"
+            if not cheap and not once and (len(rs) > 1 or len(_loads_of_tensor(rs[0].expr, p.out)) > 1):
                 continue
             new_exprs = []
             for r in rs:

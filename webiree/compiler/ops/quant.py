@@ -28,7 +28,10 @@ from .registry import Unsupported, register
 from ...dtypes import BY_ONNX
 from .common import INT_BITS, onnx_type
 
-SPLIT, SPLIT_FROM = 64, 8192     # DynamicQuantizeLinear's range: slices of a long input, reduced apart
+# DynamicQuantizeLinear's range: a long input is reduced in SPLIT slices at once (one dispatch, a
+# GPU's workgroups each taking one), and the slices' results are reduced where they are read
+# (a dozen loads, hoisted to the top of each kernel that reads the scale: kir.hoist_invariants)
+SPLIT, SPLIT_FROM = 64, 8192
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
 _ids = itertools.count()
 
@@ -96,8 +99,8 @@ def dynamic_quantize(ctx, node):
     y, y_scale, y_zp = (list(node.outputs) + ["", ""])[:3]
     s = ctx.shape(x)
     n = numel(s)
-    # [x; -x]: one ReduceMin gives min(x) and -max(x). A long x is reduced in two steps, over
-    # SPLIT slices and then over their results, so a GPU runs the first on many workgroups
+    # [x; -x]: one ReduceMin gives min(x) and -max(x). A long x is reduced over SPLIT slices, so a
+    # GPU runs it on that many workgroups, and the slices' minima are taken by their readers
     # (+inf fills the last slice's tail: it changes no minimum).
     parts = SPLIT if upper(n) >= SPLIT_FROM else 1
     length = ceildiv(n, parts)
@@ -110,9 +113,7 @@ def dynamic_quantize(ctx, node):
     both = ctx.temp("x_and_neg_x")
     ctx.generic(both, (2, parts, length), "f32", x_and_neg_x)
     low = ctx.temp("min_and_neg_max")
-    steps = [_node(ctx, "ReduceMin", [both], [low], opset=13, keepdims=0, axes=[1, 2])] if parts == 1 else [
-        _node(ctx, "ReduceMin", [both], [low + ":parts"], opset=13, keepdims=0, axes=[2]),
-        _node(ctx, "ReduceMin", [low + ":parts"], [low], opset=13, keepdims=0, axes=[1])]
+    steps = [_node(ctx, "ReduceMin", [both], [low], opset=13, keepdims=0, axes=[2])]
     ctx.expand(steps + [Node(f"{ctx.node.name}/params", "DynamicQuantizeParams", [x, low], [y, y_scale or ctx.temp("scale"),
                      y_zp or ctx.temp("zero_point")], {}, "webiree", None, ctx.node.opset)])
 
@@ -121,8 +122,12 @@ def dynamic_quantize(ctx, node):
 def dynamic_quantize_params(ctx, node):
     x, low = node.inputs
     y, y_scale, y_zp = node.outputs
-    x_min = kir.minimum(ctx.read_flat(low, kir.i32(0)), 0.0)
-    x_max = kir.maximum(-ctx.read_flat(low, kir.i32(1)), 0.0)
+    parts = ctx.shape(low)[1]          # [2, slices]: min(x) and -max(x) of each slice
+    x_min, neg_max = kir.f32(0.0), kir.f32(0.0)
+    for p in range(parts):
+        x_min = kir.minimum(ctx.read(low, [kir.i32(0), kir.i32(p)]), x_min)
+        neg_max = kir.minimum(ctx.read(low, [kir.i32(1), kir.i32(p)]), neg_max)
+    x_max = -neg_max
     ctx.generic(y_scale, (), "f32", lambda cs: (x_max - x_min) / 255.0)
     ctx.onnx_types[y_scale] = 1
     scale = ctx.read_flat(y_scale, kir.i32(0))
