@@ -120,8 +120,14 @@ def _split_k(op: P.MatMul, limits: dict):
     # GPU: split K over 4 slices of 8 x 8 invocations (faster on the H200 per
     # benchmarks/matmul_variants.py).
     if op.k >= 256 and op.m * op.n <= 65536:
-        return KernelConfig((8, 8, 4), MatmulTile(1, 1, 16), 1, S.SPLIT_K)
+        return KernelConfig((8, 8, 4), MatmulTile(1, 1, INT8_K_STEP if op.int8 else 16), 1, S.SPLIT_K)
     return None
+
+
+# An integer product moves words of 4 values of K (kernels/matmul_int8.py): its K steps are 32 values,
+# 8 words; on the H200 quantize_dynamic MiniLM's products took 0.67-0.75x the GPU time of steps of 16
+# and tiled-shared 2 x 2 blocks 0.50x of 1 x 1 (benchmarks/tuning/h200-minilm_int8.json).
+INT8_K_STEP = 32
 
 
 def _tiled_shared_vec4(op: P.MatMul, limits: dict):
@@ -154,13 +160,14 @@ def _tiled_shared(op: P.MatMul, limits: dict):
     rm = rn = 1
     # at most 4 x 4 an invocation: 8 x 8 blocks were the slowest choice on every wide product the
     # H200's table holds (DeepLabV3's, 1.1-2.4x slower than 4 x 4 or smaller: benchmarks/tuning/h200-deeplabv3.json)
+    fill = GPU_FILL_WORKGROUPS // 2 if op.int8 else GPU_FILL_WORKGROUPS
     for r in (4, 2):
-        if -(-op.m // (wy * r)) * -(-op.n // (wx * r)) * batch >= GPU_FILL_WORKGROUPS:
+        if -(-op.m // (wy * r)) * -(-op.n // (wx * r)) * batch >= fill:
             rm = rn = r
             break
     if op.m < wy:
         rm = 1
-    tk = 8 if rm * rn >= 64 else 16
+    tk = INT8_K_STEP if op.int8 else 8 if rm * rn >= 64 else 16
     shared = 4 * tk * (wy * rm + wx * rn)
     while shared > limits["max_compute_workgroup_storage_size"] and tk > 1:
         tk //= 2
@@ -210,11 +217,13 @@ def _row_per_invocation(op, limits: dict):
 
 
 def _workgroup_tree(op, limits: dict):
-    # 64 invocations a row, more where each would otherwise loop past SERIAL_LOOP_ITERATIONS
+    # 64 invocations a row on CPU adapters, more where each would otherwise loop past
+    # SERIAL_LOOP_ITERATIONS. GPUs: 256 for rows of 256 or more, 128 below (on the H200 DeepLabV3's mean
+    # over 4,225 values 2.4x faster than with 64; MiniLM's layernorms over 384 0.34x the time of 64,
+    # its softmax rows of 128 0.51x, its quantized activations' ranges 0.27-0.54x:
+    # benchmarks/tuning/h200-deeplabv3.json, h200-minilm_int8.json)
     inv = limits["max_compute_invocations_per_workgroup"]
-    # GPUs, rows of 2,048 or more: 256 (DeepLabV3's mean over 4,225 values 2.4x faster than with 64:
-    # benchmarks/tuning/h200-deeplabv3.json)
-    want = 256 if limits.get("device_class") != "cpu" and op.r >= 2048 else 64
+    want = 64 if limits.get("device_class") == "cpu" else 256 if op.r >= 256 else 128
     while want < inv and _row_passes(op) * -(-op.r // want) > SERIAL_LOOP_ITERATIONS:
         want *= 2
     passes = _row_passes(op)
