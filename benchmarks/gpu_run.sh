@@ -25,7 +25,8 @@ sys.exit(f"FAILED: {sys.argv[1]}: {bad} (rel. error vs onnxruntime > 1e-4): not 
 # GEN_VARIANTS of f32,fp16,int4, GEN_ARGS passed on, e.g. "--layers 2"), tune (webiree tune per model:
 # the tuning tables of benchmarks/tuning/, each with its tuned / heuristic end-to-end ratio; the model
 # minilm_int8 is MiniLM through quantize_dynamic), dot4 (int8 dot products vs f32 fma on the adapter)
-# PRECISION_ARGS is passed to precision.py (e.g. "--only minilm")
+# PRECISION_ARGS is passed to precision.py (e.g. "--only minilm"); COMPARE_MODELS (default TUNE_MODELS)
+# are the models the compare stage times
 STAGES=${STAGES:-variants models torch dynamic precision generation}
 if [[ $STAGES == *dot4* ]]; then
   python3 benchmarks/dot4_throughput.py 2>&1 | tee "$OUT/dot4.txt" || status=1
@@ -42,7 +43,7 @@ if [[ $STAGES == *generation* ]]; then  # per-token latency; exits 1 if webiree'
 fi
 [[ $STAGES == *models* || $STAGES == *torch* || $STAGES == *precision* || $STAGES == *tune* || $STAGES == *compare* || $STAGES == *dawn* ]] || exit $status
 python3 tests/seed/export_seed_models.py --out /tmp/seed ${MODELS:+--only $MODELS} 2>&1 | tail -4
-if [[ ${TUNE_MODELS:-} == *minilm_int8* ]]; then
+if [[ "${TUNE_MODELS:-} ${COMPARE_MODELS:-}" == *minilm_int8* ]]; then
   python3 -c "from webiree.testing.models import quantize_dynamic_model as q; q('/tmp/seed/minilm.onnx', '/tmp/seed/minilm_int8.onnx')" 2>&1 | grep -v WARNING
   cp /tmp/seed/minilm.inputs.npz /tmp/seed/minilm_int8.inputs.npz
 fi
@@ -65,7 +66,7 @@ if [[ $STAGES == *tune* ]]; then  # a table per model, written as soon as it is 
   done
 fi
 if [[ $STAGES == *compare* ]]; then  # this commit's heuristic vs each model's table and the heuristic recorded in it
-  for m in ${TUNE_MODELS:-mobilenet_v2 minilm deeplabv3}; do
+  for m in ${COMPARE_MODELS:-${TUNE_MODELS:-mobilenet_v2 minilm deeplabv3}}; do
     t=benchmarks/tuning/h200-$m.json; [[ -f $OUT/tune-$m.json ]] && t=$OUT/tune-$m.json   # a table just measured
     python3 benchmarks/tuning_compare.py /tmp/seed/$m.onnx --inputs /tmp/seed/$m.inputs.npz --table $t \
       --recorded-heuristic $t --runs ${RUNS:-30} 2>&1 | grep -v "^Forcing" || status=1
