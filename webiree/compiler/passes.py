@@ -28,9 +28,10 @@ No rule may exceed the number of storage buffers one kernel can bind.
 (`maxStorageBufferBindingSize`, 128 MiB by default: GPT-2's token embedding,
 VGG's fc6) is cut into parts along its first axis, each a constant of its own.
 A Generic op reading it (Gather, elementwise) selects the part by the flat
-index; a MatMul reading it as B becomes one MatMul per part of B's columns and
-a Generic op that concatenates their outputs. A constant read any other way
-stays whole, and the memory planner refuses it naming the limit.
+index; a MatMul reading it as B becomes one MatMul per part of B's columns, and
+an ungrouped Conv reading it as its weight one Conv per part of the output
+channels, and a Generic op concatenates their outputs. A constant read any
+other way stays whole, and the memory planner refuses it naming the limit.
 
 `pack_constants` runs last: each constant is given the narrow storage form
 that holds its values exactly (weights keep the size they were shipped in).
@@ -438,6 +439,8 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
                 row = data.size // data.shape[0]
                 ranges = _ranges(data.shape[0], row, per_elem, max_binding, name)
                 op.expr = kir.substitute(op.expr, {"__fn__": lambda n: _part_load(n, name, ranges, row, part)})
+            elif isinstance(op, Conv):
+                _split_conv(prog, op, data, per_elem, max_binding, part)
             else:
                 _split_matmul(prog, op, data, per_elem, max_binding, part, add_part)
         release(data)
@@ -447,6 +450,8 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
 def _can_read_parts(op, name: str, size: int) -> bool:
     if isinstance(op, Generic):
         return True
+    if isinstance(op, Conv):    # the weight of an ungrouped convolution: parts of its output channels
+        return op.w == name and op.x != name and op.group == 1 and not op.prologues and op.epilogue is None
     # B of a plain 2-D matmul (Gemm, a linear layer, a tied LM head), not also its A
     return (isinstance(op, MatMul) and op.b == name and op.a != name and not op.b_batch
             and op.n * op.k == size and not op.prologues and op.epilogue is None)
@@ -497,6 +502,33 @@ def _split_matmul(prog, op: MatMul, data, per_elem, max_binding, part, add_part)
     for a, e, oname in reversed(outs):
         here = kir.load(oname, row * (e - a) + kir.clamp(col - a, 0, e - a - 1), out_t.dtype)
         value = here if value is None else kir.select(col < e, here, value)
+    new_ops.append(Generic(name=f"{op.name}:concat", out=op.out, nodes=list(op.nodes), expr=value))
+    prog.ops[at:at + 1] = new_ops
+
+
+def _split_conv(prog, op: Conv, data, per_elem, max_binding, part):
+    """One Conv per part of the weight's output channels (its first axis, a flat range of the
+    constant), then a Generic op writing their outputs channel range by channel range."""
+    m = op.w_shape[0]
+    row = data.size // m
+    ranges = _ranges(m, row, per_elem, max_binding, op.w)
+    out_t = prog.tensors[op.out]
+    spatial = _numel(op.out_shape[2:])
+    at = prog.ops.index(op)
+    new_ops, outs = [], []
+    for j, (a, e) in enumerate(ranges):
+        oname = f"{op.out}:channels{j}"
+        shape = (op.out_shape[0], e - a) + tuple(op.out_shape[2:])
+        prog.tensors[oname] = Tensor(oname, shape, out_t.dtype)
+        new_ops.append(dataclasses.replace(op, name=f"{op.name}:channels{j}", out=oname, w=part(a * row, e * row),
+                                           w_shape=(e - a,) + tuple(op.w_shape[1:]), out_shape=shape,
+                                           prologues={}, epilogue=None))
+        outs.append((a, e, oname))
+    batch, channel, pos = O // (m * spatial), (O // spatial) % m, O % spatial
+    value = None
+    for a, e, oname in reversed(outs):
+        here = kir.load(oname, (batch * (e - a) + kir.clamp(channel - a, 0, e - a - 1)) * spatial + pos, out_t.dtype)
+        value = here if value is None else kir.select(channel < e, here, value)
     new_ops.append(Generic(name=f"{op.name}:concat", out=op.out, nodes=list(op.nodes), expr=value))
     prog.ops[at:at + 1] = new_ops
 
