@@ -24,10 +24,14 @@ EW_RTOL, EW_ATOL = 1e-3, 1e-6     # element-wise: relative to the element, absol
 
 
 def ort_run(model, feeds):
+    """onnxruntime CPU's outputs; its int8 products on the model that it computes exactly
+    (webiree.testing.models.exact_integer_reference: u8 x s8 saturates on AVX2 hosts)."""
     import onnxruntime as ort
+    from webiree.testing.models import exact_integer_reference
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    model = exact_integer_reference(model)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 

@@ -66,7 +66,9 @@ def test_seed_model(name, seed_dir, tmp_path, capsys):
     t0 = time.perf_counter()
     res = webiree.compile(seed_dir / f"{name}.onnx", tmp_path / name)
     build_s = time.perf_counter() - t0
-    assert build_s < 120, f"build took {build_s:.1f} s"   # (four kernel variants; a runaway build, not a benchmark)
+    # four kernel variants; a guard against a runaway build, not a benchmark: MobileBERT took 242 s
+    # inside the suite on a 2-core AMD EPYC host whose lavapipe ran MiniLM 4.7x as long as CI's
+    assert build_s < 600, f"build took {build_s:.1f} s"
     feeds = dict(np.load(seed_dir / f"{name}.inputs.npz"))
     ref = dict(np.load(seed_dir / f"{name}.ref.npz"))
     # the default build carries GPU- and CPU-class kernels, and CPU-class ones broadcasting within

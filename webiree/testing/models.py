@@ -433,6 +433,42 @@ def quantize_dynamic_model(src, dst, weight_type: str = "QInt8") -> onnx.ModelPr
     return onnx.load(str(dst))
 
 
+def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model for onnxruntime to compute exactly: each MatMulInteger / QLinearMatMul of a
+    uint8 A with a constant int8 B takes B + 128 as uint8 and its zero point + 128 (the same values
+    B - zero point). On x86 CPUs without VNNI (AVX2), onnxruntime's u8 x s8 kernels add pairs of
+    products in saturating 16 bits (vpmaddubsw; why quantize_dynamic has reduce_range), so its
+    result is not the operator's exact one there, while its u8 x u8 kernels are exact."""
+    inits = {i.name: i for i in model.graph.initializer}
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    types.update({v.name: v.type.tensor_type.elem_type for v in model.graph.input})
+    types.update({n: i.data_type for n, i in inits.items()})
+    for node in model.graph.node:
+        if node.op_type == "DynamicQuantizeLinear":
+            types[node.output[0]] = TensorProto.UINT8
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inits = {i.name: i for i in m.graph.initializer}
+    for k, node in enumerate(m.graph.node):
+        a, b, zp_at = {"MatMulInteger": (0, 1, 3), "QLinearMatMul": (0, 3, 5)}.get(node.op_type, (None,) * 3)
+        if a is None or types.get(node.input[a]) != TensorProto.UINT8 or node.input[b] not in inits \
+                or inits[node.input[b]].data_type != TensorProto.INT8:
+            continue
+        w = numpy_helper.to_array(inits[node.input[b]]).astype(np.int16)
+        zp_name = node.input[zp_at] if len(node.input) > zp_at else ""
+        if zp_name and zp_name not in inits:
+            continue                              # a run-time zero point: leave the node as it is
+        zp = numpy_helper.to_array(inits[zp_name]).astype(np.int16) if zp_name else np.array(0, np.int16)
+        names = (f"{node.name or k}/b_as_u8", f"{node.name or k}/b_zero_point_as_u8")
+        m.graph.initializer.extend([numpy_helper.from_array((w + 128).astype(np.uint8), names[0]),
+                                    numpy_helper.from_array((zp + 128).astype(np.uint8), names[1])])
+        inputs = list(node.input) + [""] * (zp_at + 1 - len(node.input))
+        inputs[b], inputs[zp_at] = names
+        del node.input[:]
+        node.input.extend(inputs)
+    return m
+
+
 def quantize_nbits_model(model, block_size: int = 32, symmetric: bool = True, op_types=None) -> onnx.ModelProto:
     """`model` (a ModelProto or path) through onnxruntime's MatMulNBitsQuantizer (4 bits, blocks of
     `block_size`; op_types e.g. ("MatMul", "Gather"), default the quantizer's own), as q4 models ship."""
