@@ -149,6 +149,8 @@ def test_subgroup_size_is_checked_at_load():
     ([1000, 36], [36, 264]),       # K not a multiple of the K step: the last step is zero-filled
     ([2, 3, 200, 24], [24, 256]),  # batch broadcast on B
     ([24, 70, 8], [24, 8, 128]),   # batched, one K step
+    ([1000, 64], [64, 4225]),      # N not a multiple of 4 (a 65 x 65 pointwise conv): B gathered, a tail slot
+    ([3, 300, 36], [36, 130]),     # batched, N % 4 == 2
 ])
 def test_vec4_tiled_matmul(sa, sb, check):
     out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
@@ -180,6 +182,25 @@ def test_vec4_tiled_matmul_epilogue_alpha_and_spirv(tmp_path):
                    [vi("a", [640, 44])], [vi("y", [640, 200])],
                    {"b": rng.standard_normal([44, 200]).astype(np.float32),
                     "c": rng.standard_normal([200]).astype(np.float32)})
+    feeds = sample_inputs(m)
+    res, wgsl = run_cpu(m, tmp_path / "wgsl", "gpu", feeds)
+    assert strategies(res) == ["tiled-shared-vec4"]
+    _, spv = run_cpu(m, tmp_path / "spv", "gpu", feeds, targets="spirv")
+    np.testing.assert_array_equal(spv[0], wgsl[0])
+
+
+def test_vec4_tiled_pointwise_conv_with_a_column_tail_and_spirv(tmp_path):
+    """DeepLabV3's 1x1 convolutions over 65 x 65 positions: 4,225 columns, B's rows gathered value by
+    value, the last slot stored lane by lane through the bias and clip epilogue; a fused Relu on
+    B's producer is computed in the gather. SPIR-V gives the same bits."""
+    rng = np.random.default_rng(14)
+    m = make_model([helper.make_node("Relu", ["x"], ["r"]),
+                    helper.make_node("Conv", ["r", "w", "b"], ["c"]),
+                    helper.make_node("Clip", ["c", "lo", "hi"], ["y"])],
+                   [vi("x", [1, 48, 65, 65])], [vi("y", [1, 160, 65, 65])],
+                   {"w": rng.standard_normal([160, 48, 1, 1]).astype(np.float32),
+                    "b": rng.standard_normal([160]).astype(np.float32),
+                    "lo": np.array(-1.0, np.float32), "hi": np.array(6.0, np.float32)})
     feeds = sample_inputs(m)
     res, wgsl = run_cpu(m, tmp_path / "wgsl", "gpu", feeds)
     assert strategies(res) == ["tiled-shared-vec4"]
@@ -220,7 +241,7 @@ def test_every_op_kind_has_a_strategy_for_every_device_class():
 
 
 def test_forced_strategy_that_breaks_a_prerequisite_names_it(tmp_path, monkeypatch):
-    """A tuning table or benchmark that forces vec4 tiles on a product whose N is not a multiple of
+    """A tuning table or benchmark that forces vec4 tiles on a product whose K is not a multiple of
     4 gets an error naming the strategy and the prerequisite, never a wrong kernel."""
     from webiree.ir import program as P
     from webiree.wgsl_codegen import config
@@ -229,7 +250,7 @@ def test_forced_strategy_that_breaks_a_prerequisite_names_it(tmp_path, monkeypat
     original = config.choose
     monkeypatch.setattr(config, "choose", lambda op, prog, lim: forced if isinstance(op, P.MatMul)
                         else original(op, prog, lim))
-    m = single("MatMul", [[32, 16], [16, 30]], [32, 30])
+    m = single("MatMul", [[32, 18], [18, 30]], [32, 30])
     with pytest.raises(webiree.CompilerBug, match="the tiled-shared-vec4 kernel needs vec4 rows"):
         webiree.compile(m, tmp_path)
 

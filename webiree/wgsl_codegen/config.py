@@ -137,7 +137,7 @@ def _tiled_shared_vec4(op: P.MatMul, limits: dict):
     # takes the scalar tiles instead, whose 16 x 16 tiles make 4x more workgroups (faster end
     # to end on MobileBERT, although one dispatch alone favours vec4 tiles).
     batch = max(1, P.numel(op.batch))
-    n4 = op.n // 4
+    n4 = -(-op.n // 4)
     groups = lambda rm, rn: -(-op.m // (16 * rm)) * -(-n4 // (16 * rn)) * batch  # noqa: E731
     if groups(1, 1) < GPU_FILL_WORKGROUPS // 2:
         return None

@@ -136,15 +136,16 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
     being `vec` (1 or 4) adjacent columns. A plain f32 vec4 result is one vec4 store; otherwise
     each column goes through alpha and the fused epilogue."""
     M, N = op.m, op.n
-    plain = vec == 4 and op.epilogue is None and op.alpha == 1.0 and prog.tensors[op.out].dtype == "f32" \
-        and not b.bound_scalar(op.out)
+    tail = vec == 4 and not is_dim(N) and N % 4 != 0     # the last slot's lanes past N are not stored
+    plain = vec == 4 and not tail and op.epilogue is None and op.alpha == 1.0 \
+        and prog.tensors[op.out].dtype == "f32" and not b.bound_scalar(op.out)
     out = b.name(op.out, vec=plain)
     acc_t = "vec4f" if vec == 4 else "f32"
     body = []
     for name, r, c in blocks:
         o = bz * (M * N) + r * N + c * vec
         acc = lvar(name, acc_t)
-        cond = kir.binary("and", r < M, c < N // vec)
+        cond = kir.binary("and", r < M, c < (-(-N // 4) if tail else N // vec))
         if plain:
             body.append(If(cond, [Store(out, o // 4, acc)]))
             continue
@@ -155,7 +156,8 @@ def _store_blocks(op: P.MatMul, prog, b: Binder, bz, blocks, vec: int) -> list:
             if op.alpha != 1.0:
                 v = v * op.alpha
             row, col = bz * M + r, c * vec + q
-            stores.append(Store(out, oo + q, epilogue(op, b, v, oo + q, [(row, col, N)])))
+            st = Store(out, oo + q, epilogue(op, b, v, oo + q, [(row, col, N)]))
+            stores.append(If(col < N, [st]) if tail and q else st)
         body.append(If(cond, stores))
     return kir.share_reads(body, {out})     # a column's bias (or scale) read once per column
 
@@ -174,8 +176,10 @@ def check(strategy: Strategy, op: P.MatMul, limits: dict) -> str | None:
         if not matmul_subgroup_ok(op):
             return "needs A row-major with K a multiple of 4, and B not transposed"
     elif strategy == Strategy.TILED_SHARED_VEC4:
-        if not (matmul_vec4_ok(op) and matmul_subgroup_ok(op)) or op.a in op.prologues:
-            return "needs vec4 rows of A (K % 4 == 0, stored) and of B and C (N % 4 == 0)"
+        if not matmul_subgroup_ok(op) or op.a in op.prologues:
+            return "needs vec4 rows of A (K % 4 == 0, stored, not transposed) and B not transposed"
+        if shared_vec4_b_by_values(op) and (is_dim(op.n) or "n" in getattr(op, "symbolic", ())):
+            return "needs vec4 rows of B (N % 4 == 0, stored) where N varies"
         if inv < 256 or wg_x < 16 or wg_y < 16:
             return "needs 16 x 16 invocations per workgroup"
     elif strategy == Strategy.SPLIT_K:
@@ -252,18 +256,28 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
+def shared_vec4_b_by_values(op: P.MatMul) -> bool:
+    """The vec4 tiled kernel gathers B's values one by one (a tail of N past a multiple of 4,
+    such as a 65 x 65 pointwise convolution's 4,225 columns, or a fused prologue on B) instead of
+    reading vec4 rows; its stores are then per column."""
+    return not matmul_vec4_ok(op)
+
+
 def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
-    """GPUs, A and B both readable as vec4 (matmul_vec4_ok and matmul_subgroup_ok): a
-    (16*RM) x (16*4*RN) output tile per workgroup of 16x16 invocations, K in steps of 8.
+    """GPUs, A readable as vec4 (matmul_subgroup_ok): a (16*RM) x (16*4*RN) output tile per
+    workgroup of 16x16 invocations, K in steps of 8 or 16.
     Each step every invocation copies (about) one vec4 of A and one of B into workgroup
     memory, where A keeps its [row][k] layout (a vec4 holds 4 values of K) and B its
     [k][column] layout; invocation (x, y) then owns rows y*RM .. y*RM+RM-1 and the vec4
     columns x + 16j (j < RN), reading RM + 4*RN vec4s of workgroup memory per 4 values of K
-    for 16*RM*RN multiply-adds."""
+    for 16*RM*RN multiply-adds. Where B's rows are not vec4 rows (shared_vec4_b_by_values)
+    its copy gathers four values, the last slot's columns past N clamped (never stored)."""
     wx, wy, _ = cfg.workgroup_size
     rm, rn, bk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     M, N, K = op.m, op.n, op.k
-    N4, K4, BK4 = N // 4, K // 4, bk // 4
+    N4, K4, BK4 = -(-N // 4), K // 4, bk // 4
+    by_values = shared_vec4_b_by_values(op)
+    _, bb = _batch_indices(op)
     tm, tn4 = wy * rm, wx * rn
     nthreads = wx * wy
     bz, a_off_e, b_off_e = _batch_offsets(op)
@@ -294,7 +308,12 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
 
     def b_at(idx, k0):   # row (k) idx / tn4 of the step, vec4 column idx % tn4 of the tile
         kk, c = idx // tn4, idx % tn4
-        v = b.load4(op.b, b_off4 + kir.minimum(k0 + kk, K - 1) * N4 + kir.minimum(n04 + c, N4 - 1))
+        k = kir.minimum(k0 + kk, K - 1)
+        if by_values:
+            col = kir.minimum(n04 + c, N4 - 1) * 4
+            v = kir.vec4(*(_load_b(b, op, bb, b_off_e, kir.minimum(col + q, N - 1), k) for q in range(4)))
+        else:
+            v = b.load4(op.b, b_off4 + k * N4 + kir.minimum(n04 + c, N4 - 1))
         return select(k0 + kk < K, v, zero4)
 
     # The next K step's values are loaded into registers while this step computes (prefetch),
