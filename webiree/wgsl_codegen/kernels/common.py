@@ -334,3 +334,19 @@ def window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, o
             If(kir.binary("and", lvar(f"p{d}", "i32") >= 0, lvar(f"p{d}", "i32") < in_sp[d]), inner)])
         return [For(f"k{d}", i32(0), i32(kdims[d]), body, unroll=kdims[d] <= unroll_max)]
     return level(0, [], [])
+
+
+def slice_fill(shared: str, base, rows: int, tk: int, per: int, li, kb, K, value, bound, k_fastest: bool, zero) -> list:
+    """A split-k slice's copy of `tk` values of K x `rows` rows (or columns) into workgroup memory
+    at shared[base + kk * rows + r], spread over `per` invocations (li: this one's index):
+    value(r, kb + kk) where bound(r) and kb + kk < K, else `zero`; k_fastest: consecutive
+    invocations take consecutive kk (A row-major), else consecutive r."""
+    out = []
+    for step in range(-(-(tk * rows) // per)):
+        idx = li + step * per
+        r, kk = (idx // tk, idx % tk) if k_fastest else (idx % rows, idx // rows)
+        inb = kir.binary("and", bound(r), kb + kk < K)
+        st = [If(inb, [kir.SStore(shared, base + kk * rows + r, value(r, kb + kk))],
+                 [kir.SStore(shared, base + kk * rows + r, zero)])]
+        out += st if (step + 1) * per <= tk * rows else [If(idx < tk * rows, st)]
+    return out

@@ -9,7 +9,7 @@ from ...ir import kir
 from ...ir.sym import dmin, is_dim
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
-from .common import Strategy, Binder, lid, epilogue
+from .common import Strategy, Binder, lid, epilogue, slice_fill
 from .matmul_int8 import build as build_int8, check as check_int8
 
 
@@ -368,15 +368,7 @@ def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
     a_sh, b_sh = tz * (tk * wy), tz * (tk * wx)     # this slice's part of As / Bs
 
     def fill(shared, base, rows, elem, bound, k_fastest):
-        out = []
-        for step in range(-(-(tk * rows) // per)):
-            idx = li + step * per
-            r, kk = (idx // tk, idx % tk) if k_fastest else (idx % rows, idx // rows)
-            inb = kir.binary("and", bound(r), kb + kk < K)
-            st = [If(inb, [SStore(shared, base + kk * rows + r, elem(r, kb + kk))],
-                     [SStore(shared, base + kk * rows + r, f32(0.0))])]
-            out += st if (step + 1) * per <= tk * rows else [If(idx < tk * rows, st)]
-        return out
+        return slice_fill(shared, base, rows, tk, per, li, kb, K, elem, bound, k_fastest, f32(0.0))
 
     ab, bb = _batch_indices(op)
     a_elem = lambda r, k: _load_a(b, op, ab, a_off, m0 + r, k)  # noqa: E731

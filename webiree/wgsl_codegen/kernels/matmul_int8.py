@@ -21,7 +21,7 @@ from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
-from .common import Strategy, Binder, lid, epilogue
+from .common import Strategy, Binder, lid, epilogue, slice_fill
 
 ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four bytes
 
@@ -108,25 +108,34 @@ def _block_values(op, rm, rn, vec, m0, n0, stride):
             for i in range(rm) for j in range(rn) for q in range(vec)]
 
 
+def _column_slots(op: P.MatMul, cfg, width: int):
+    """The start both column-slot kernels share: invocation x of `width` owns column slots
+    n0 + x + j*width (j < RN) of RM rows m0 ..; their clamped rows mr{i}, slots nc{j} and the row
+    sums. Returns (body, bz, a_off, n0, m0, nc, slots, K4)."""
+    rm, rn, vec = cfg.tile.rows, cfg.tile.cols, cfg.vector
+    M, K = op.m, op.k
+    slots, K4 = op.n // vec, K // 4
+    bz = kir.cast(kir.WID[2], "i32")
+    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
+            Let("n0", kir.cast(kir.WID[0], "i32") * (width * rn) + lid()),
+            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
+    a_off, n0, m0 = lvar("a_off", "i32"), lvar("n0", "i32"), lvar("m0", "i32")
+    for i in range(rm):
+        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
+    nc = _columns(body, n0, width, slots, rm, rn, vec)
+    body += _sums(op, rm)
+    return body, bz, a_off, n0, m0, nc, slots, K4
+
+
 def _subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     """Invocation x of the one-subgroup workgroup (S invocations) owns column slots n0 + x + j*S of
     RM rows; per block of 4*S values of K it packs A's 4 values at 4x.. of each row into a word,
     and subgroupBroadcast hands each word to all: one word per row and source lane, one B load per
     slot (vec4u: 4 columns' words), 4 dot4i8 of 4 values each."""
     S = cfg.workgroup_size[0]
-    rm, rn = cfg.tile.rows, cfg.tile.cols
-    vec = cfg.vector
-    M, N, K = op.m, op.n, op.k
-    slots, K4 = N // vec, K // 4
-    bz = kir.cast(kir.WID[2], "i32")
-    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
-            Let("n0", kir.cast(kir.WID[0], "i32") * (S * rn) + lid()),
-            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
-    a_off, n0, m0 = lvar("a_off", "i32"), lvar("n0", "i32"), lvar("m0", "i32")
-    for i in range(rm):
-        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
-    nc = _columns(body, n0, S, slots, rm, rn, vec)
-    body += _sums(op, rm)
+    rm, rn, vec = cfg.tile.rows, cfg.tile.cols, cfg.vector
+    M = op.m
+    body, bz, a_off, n0, m0, nc, slots, K4 = _column_slots(op, cfg, S)
 
     def block(k40, a_k4, words):
         """`words` words of K from word k40: each lane packs its word of every row, then broadcasts."""
@@ -159,19 +168,9 @@ def _registers(op: P.MatMul, prog, cfg, limits, b: Binder):
     """Invocation x owns column slots n0 + x + j*WX of RM rows; per word of K it packs each row's
     word of A (alike in every invocation) and loads each slot's words of B."""
     wx = cfg.workgroup_size[0]
-    rm, rn = cfg.tile.rows, cfg.tile.cols
-    vec = cfg.vector
-    M, N, K = op.m, op.n, op.k
-    slots, K4 = N // vec, K // 4
-    bz = kir.cast(kir.WID[2], "i32")
-    body = [Let("a_off", bz * (M * K) if op.batch else i32(0)),
-            Let("n0", kir.cast(kir.WID[0], "i32") * (wx * rn) + lid()),
-            Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
-    a_off, n0, m0 = lvar("a_off", "i32"), lvar("n0", "i32"), lvar("m0", "i32")
-    for i in range(rm):
-        body.append(Let(f"mr{i}", kir.minimum(m0 + i, M - 1)))
-    nc = _columns(body, n0, wx, slots, rm, rn, vec)
-    body += _sums(op, rm)
+    rm, rn, vec = cfg.tile.rows, cfg.tile.cols, cfg.vector
+    M = op.m
+    body, bz, a_off, n0, m0, nc, slots, K4 = _column_slots(op, cfg, wx)
     k4 = lvar("k4", "i32")
     step = []
     a = []
@@ -260,15 +259,7 @@ def _split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
     zero = kir.const(0, "u32")
 
     def fill(shared, base, rows, word, bound, k_fastest):
-        out = []
-        for s in range(-(-(tk4 * rows) // per)):
-            idx = li + s * per
-            r, kk4 = (idx // tk4, idx % tk4) if k_fastest else (idx % rows, idx // rows)
-            inb = kir.binary("and", bound(r), kb + kk4 < K4)
-            st = [If(inb, [SStore(shared, base + kk4 * rows + r, word(r, kb + kk4))],
-                     [SStore(shared, base + kk4 * rows + r, zero)])]
-            out += st if (s + 1) * per <= tk4 * rows else [If(idx < tk4 * rows, st)]
-        return out
+        return slice_fill(shared, base, rows, tk4, per, li, kb, K4, word, bound, k_fastest, zero)
     inner = [Let("kb", (lvar("s", "i32") * ks + tz) * tk4)]
     inner += fill("As", a_sh, wy, lambda r, k4: _a_word(b, op, a_off, m0 + r, k4), lambda r: m0 + r < M, True)
     inner += fill("Bs", b_sh, wx, lambda c, k4: _b_word(b, op, k4, n0 + c), lambda c: n0 + c < N, False)
