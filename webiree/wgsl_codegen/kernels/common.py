@@ -350,3 +350,20 @@ def slice_fill(shared: str, base, rows: int, tk: int, per: int, li, kb, K, value
                  [kir.SStore(shared, base + kk * rows + r, zero)])]
         out += st if (step + 1) * per <= tk * rows else [If(idx < tk * rows, st)]
     return out
+
+
+def split_k_store(op: P.MatMul, b: "Binder", value, dtype: str, ks: int, per: int, li, tz, r, c, bz) -> list:
+    """The end of a split-k kernel: each of the ks slices writes its partial sum `value` (of
+    dtype) to workgroup memory; slice 0 adds them (times alpha) and stores row r, column c of
+    batch bz through the fused epilogue."""
+    M, N = op.m, op.n
+    stmts = [kir.SStore("red", tz * per + li, value), kir.Barrier()]
+    total = kir.sload("red", li, dtype)
+    for z in range(1, ks):
+        total = total + kir.sload("red", z * per + li, dtype)
+    if op.alpha != 1.0:
+        total = total * op.alpha
+    o = bz * (M * N) + r * N + c
+    store = kir.Store(b.name(op.out), o, epilogue(op, b, lvar("sum", dtype), o, [(bz * M + r, c, N)]))
+    stmts.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)), [Let("sum", total), store]))
+    return stmts

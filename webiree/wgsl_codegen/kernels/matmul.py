@@ -9,7 +9,7 @@ from ...ir import kir
 from ...ir.sym import dmin, is_dim
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
-from .common import Strategy, Binder, lid, epilogue, slice_fill
+from .common import Strategy, Binder, lid, epilogue, slice_fill, split_k_store
 from .matmul_int8 import build as build_int8, check as check_int8
 
 
@@ -382,16 +382,7 @@ def _matmul_split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
                                            kir.sload("Bs", b_sh + kk * wx + tx, "f32"), lvar("acc", "f32"))))
     inner.append(Barrier())
     body.append(For("s", i32(0), i32(steps), inner))
-    body += [SStore("red", tz * per + li, lvar("acc", "f32")), Barrier()]
-    total = kir.sload("red", li, "f32")
-    for z in range(1, ks):
-        total = total + kir.sload("red", z * per + li, "f32")
-    r, c = m0 + ty, n0 + tx
-    o = bz * (M * N) + r * N + c
-    val = total * op.alpha if op.alpha != 1.0 else total
-    out = b.name(op.out)
-    body.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)),
-                   [Let("sum", val), Store(out, o, epilogue(op, b, lvar("sum", "f32"), o, [(bz * M + r, c, N)]))]))
+    body += split_k_store(op, b, lvar("acc", "f32"), "f32", ks, per, li, tz, m0 + ty, n0 + tx, bz)
     shared = [kir.SharedArray("As", "f32", ks * tk * wy), kir.SharedArray("Bs", "f32", ks * tk * wx),
               kir.SharedArray("red", "f32", ks * per)]
     return body, shared, (-(-N // wx), -(-M // wy), max(numel(op.batch), 1))

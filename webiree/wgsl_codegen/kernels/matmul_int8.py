@@ -21,7 +21,7 @@ from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
-from .common import Strategy, Binder, lid, epilogue, slice_fill
+from .common import Strategy, Binder, lid, epilogue, slice_fill, split_k_store
 
 ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four bytes
 
@@ -270,16 +270,7 @@ def _split_k(op: P.MatMul, prog, cfg, limits, b: Binder):
         inner.append(Assign("acc", kir.dot4i8(a, kir.sload("Bs", b_sh + kk4 * wx + tx, "u32")) + lvar("acc", "i32")))
     inner.append(Barrier())
     body.append(For("s", i32(0), i32(steps), inner))
-    value = _result(op, "acc", "sa0")
-    body += [SStore("red", tz * per + li, value), Barrier()]
-    total = kir.sload("red", li, "i32")
-    for z in range(1, ks):
-        total = total + kir.sload("red", z * per + li, "i32")
-    r, c = m0 + ty, n0 + tx
-    o = bz * (M * N) + r * N + c
-    out = b.name(op.out)
-    body.append(If(kir.binary("and", tz < 1, kir.binary("and", r < M, c < N)),
-                   [Let("sum", total), Store(out, o, epilogue(op, b, lvar("sum", "i32"), o, [(bz * M + r, c, N)]))]))
+    body += split_k_store(op, b, _result(op, "acc", "sa0"), "i32", ks, per, li, tz, m0 + ty, n0 + tx, bz)
     shared = [kir.SharedArray("As", "u32", ks * tk4 * wy), kir.SharedArray("Bs", "u32", ks * tk4 * wx),
               kir.SharedArray("red", "i32", ks * per)]
     return body, shared, (-(-N // wx), -(-M // wy), max(numel(op.batch), 1))
