@@ -153,6 +153,23 @@ def test_integer_product_equals_onnxruntime(tmp_path, case, limits):
                                        "adapter": {"subgroup-broadcast"}}[limits], d.config
 
 
+@pytest.mark.parametrize("case", INTEGER_PRODUCTS, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}")
+def test_the_onnxruntime_reference_is_the_exact_integer_product(case):
+    """ort_run (on exact_integer_reference's model) gives the operator's exact result: numpy's int64
+    product of A and B less their zero points, on any host (onnxruntime's own u8 x s8 kernels
+    saturate on AVX2 hosts); it rewrites exactly the products of a uint8 A with an int8 B."""
+    from onnx import numpy_helper
+    from webiree.testing.models import exact_integer_reference
+
+    model, feeds = _matmul_integer(*case)
+    inits = {i.name: numpy_helper.to_array(i).astype(np.int64) for i in model.graph.initializer}
+    a = feeds["a"].astype(np.int64) - (feeds["az"].astype(np.int64) if "az" in feeds else 0)
+    (got,) = ort_run(model, feeds)
+    np.testing.assert_array_equal(got, a @ (inits["w"] - inits.get("bz", 0)))
+    rewritten = exact_integer_reference(model) is not model
+    assert rewritten == (case[3] == T.UINT8 and case[4] == T.INT8), case
+
+
 def test_integer_product_from_spirv(tmp_path):
     """The same products as SPIR-V executables, where pack4i8 and dot4i8 are written with shifts
     (legalize.py): equal to onnxruntime's."""

@@ -488,22 +488,9 @@ def _split_matmul(prog, op: MatMul, data, per_elem, max_binding, part, add_part)
         bs = [part(a * k, e * k) for a, e in ranges]
     else:               # B stored [K, N]: a part is a range of columns, copied out contiguous
         bs = [add_part(np.ascontiguousarray(data.reshape(k, n)[:, a:e])) for a, e in ranges]
-    out_t = prog.tensors[op.out]
-    at = prog.ops.index(op)
-    new_ops, outs = [], []
-    for j, ((a, e), b) in enumerate(zip(ranges, bs)):
-        oname = f"{op.out}:cols{j}"
-        prog.tensors[oname] = Tensor(oname, tuple(out_t.shape[:-1]) + (e - a,), out_t.dtype)
-        new_ops.append(dataclasses.replace(op, name=f"{op.name}:cols{j}", out=oname, b=b, n=e - a,
-                                           prologues={}, epilogue=None))
-        outs.append((a, e, oname))
-    col, row = O % n, O // n
-    value = None
-    for a, e, oname in reversed(outs):
-        here = kir.load(oname, row * (e - a) + kir.clamp(col - a, 0, e - a - 1), out_t.dtype)
-        value = here if value is None else kir.select(col < e, here, value)
-    new_ops.append(Generic(name=f"{op.name}:concat", out=op.out, nodes=list(op.nodes), expr=value))
-    prog.ops[at:at + 1] = new_ops
+    parts = iter(bs)
+    _replace_by_parts(prog, op, ranges, len(prog.tensors[op.out].shape) - 1, "cols",
+                      lambda a, e, shape: dict(b=next(parts), n=e - a))
 
 
 def _split_conv(prog, op: Conv, data, per_elem, max_binding, part):
@@ -512,23 +499,31 @@ def _split_conv(prog, op: Conv, data, per_elem, max_binding, part):
     m = op.w_shape[0]
     row = data.size // m
     ranges = _ranges(m, row, per_elem, max_binding, op.w)
+    _replace_by_parts(prog, op, ranges, 1, "channels",
+                      lambda a, e, shape: dict(w=part(a * row, e * row), w_shape=(e - a,) + tuple(op.w_shape[1:]),
+                                               out_shape=shape))
+
+
+def _replace_by_parts(prog, op, ranges, axis: int, label: str, fields):
+    """Replace `op` by one copy per range [a, e) of its output's `axis` (fields(a, e, shape): what
+    that copy changes besides its output) and a Generic op writing their outputs side by side."""
     out_t = prog.tensors[op.out]
-    spatial = _numel(op.out_shape[2:])
+    size, inner = out_t.shape[axis], _numel(out_t.shape[axis + 1:])
     at = prog.ops.index(op)
     new_ops, outs = [], []
     for j, (a, e) in enumerate(ranges):
-        oname = f"{op.out}:channels{j}"
-        shape = (op.out_shape[0], e - a) + tuple(op.out_shape[2:])
+        oname = f"{op.out}:{label}{j}"
+        shape = tuple(out_t.shape[:axis]) + (e - a,) + tuple(out_t.shape[axis + 1:])
         prog.tensors[oname] = Tensor(oname, shape, out_t.dtype)
-        new_ops.append(dataclasses.replace(op, name=f"{op.name}:channels{j}", out=oname, w=part(a * row, e * row),
-                                           w_shape=(e - a,) + tuple(op.w_shape[1:]), out_shape=shape,
-                                           prologues={}, epilogue=None))
+        new_ops.append(dataclasses.replace(op, name=f"{op.name}:{label}{j}", out=oname, prologues={}, epilogue=None,
+                                           **fields(a, e, shape)))
         outs.append((a, e, oname))
-    batch, channel, pos = O // (m * spatial), (O // spatial) % m, O % spatial
+    outer, i, pos = O // (size * inner), (O // inner if inner > 1 else O) % size, O % inner
     value = None
     for a, e, oname in reversed(outs):
-        here = kir.load(oname, (batch * (e - a) + kir.clamp(channel - a, 0, e - a - 1)) * spatial + pos, out_t.dtype)
-        value = here if value is None else kir.select(channel < e, here, value)
+        flat = outer * (e - a) + kir.clamp(i - a, 0, e - a - 1)
+        here = kir.load(oname, flat * inner + pos if inner > 1 else flat, out_t.dtype)
+        value = here if value is None else kir.select(i < e, here, value)
     new_ops.append(Generic(name=f"{op.name}:concat", out=op.out, nodes=list(op.nodes), expr=value))
     prog.ops[at:at + 1] = new_ops
 

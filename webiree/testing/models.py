@@ -438,7 +438,8 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     uint8 A with a constant int8 B takes B + 128 as uint8 and its zero point + 128 (the same values
     B - zero point). On x86 CPUs without VNNI (AVX2), onnxruntime's u8 x s8 kernels add pairs of
     products in saturating 16 bits (vpmaddubsw; why quantize_dynamic has reduce_range), so its
-    result is not the operator's exact one there, while its u8 x u8 kernels are exact."""
+    result is not the operator's exact one there, while its u8 x u8 kernels are exact. Returns
+    `model` itself where there is no such product."""
     inits = {i.name: i for i in model.graph.initializer}
     types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
     types.update({v.name: v.type.tensor_type.elem_type for v in model.graph.input})
@@ -449,6 +450,7 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     inits = {i.name: i for i in m.graph.initializer}
+    changed = False
     for k, node in enumerate(m.graph.node):
         a, b, zp_at = {"MatMulInteger": (0, 1, 3), "QLinearMatMul": (0, 3, 5)}.get(node.op_type, (None,) * 3)
         if a is None or types.get(node.input[a]) != TensorProto.UINT8 or node.input[b] not in inits \
@@ -466,7 +468,8 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
         inputs[b], inputs[zp_at] = names
         del node.input[:]
         node.input.extend(inputs)
-    return m
+        changed = True
+    return m if changed else model
 
 
 def quantize_nbits_model(model, block_size: int = 32, symmetric: bool = True, op_types=None) -> onnx.ModelProto:

@@ -178,7 +178,7 @@ def check(strategy: Strategy, op: P.MatMul, limits: dict) -> str | None:
     elif strategy == Strategy.TILED_SHARED_VEC4:
         if not matmul_subgroup_ok(op) or op.a in op.prologues:
             return "needs vec4 rows of A (K % 4 == 0, stored, not transposed) and B not transposed"
-        if shared_vec4_b_by_values(op) and (is_dim(op.n) or "n" in getattr(op, "symbolic", ())):
+        if not matmul_vec4_ok(op) and (is_dim(op.n) or "n" in getattr(op, "symbolic", ())):
             return "needs vec4 rows of B (N % 4 == 0, stored) where N varies"
         if inv < 256 or wg_x < 16 or wg_y < 16:
             return "needs 16 x 16 invocations per workgroup"
@@ -256,13 +256,6 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
 
 
-def shared_vec4_b_by_values(op: P.MatMul) -> bool:
-    """The vec4 tiled kernel gathers B's values one by one (a tail of N past a multiple of 4,
-    such as a 65 x 65 pointwise convolution's 4,225 columns, or a fused prologue on B) instead of
-    reading vec4 rows; its stores are then per column."""
-    return not matmul_vec4_ok(op)
-
-
 def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
     """GPUs, A readable as vec4 (matmul_subgroup_ok): a (16*RM) x (16*4*RN) output tile per
     workgroup of 16x16 invocations, K in steps of 8 or 16.
@@ -270,13 +263,14 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
     memory, where A keeps its [row][k] layout (a vec4 holds 4 values of K) and B its
     [k][column] layout; invocation (x, y) then owns rows y*RM .. y*RM+RM-1 and the vec4
     columns x + 16j (j < RN), reading RM + 4*RN vec4s of workgroup memory per 4 values of K
-    for 16*RM*RN multiply-adds. Where B's rows are not vec4 rows (shared_vec4_b_by_values)
+    for 16*RM*RN multiply-adds. Where B's rows are not vec4 rows (not matmul_vec4_ok: N not a
+    multiple of 4, as a 65 x 65 pointwise convolution's 4,225 columns, or a fused prologue on B)
     its copy gathers four values, the last slot's columns past N clamped (never stored)."""
     wx, wy, _ = cfg.workgroup_size
     rm, rn, bk = cfg.tile.rows, cfg.tile.cols, cfg.tile.k_step
     M, N, K = op.m, op.n, op.k
     N4, K4, BK4 = -(-N // 4), K // 4, bk // 4
-    by_values = shared_vec4_b_by_values(op)
+    by_values = not matmul_vec4_ok(op)
     _, bb = _batch_indices(op)
     tm, tn4 = wy * rm, wx * rn
     nthreads = wx * wy
