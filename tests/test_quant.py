@@ -13,12 +13,16 @@ from webiree.testing.models import IR_VERSION
 from .conftest import compile_and_run, ort_run
 
 
-@pytest.mark.parametrize("n", [1000, SPLIT_FROM + 1, 3 * SPLIT_FROM + 17],
-                         ids=["one slice", "slices, ragged", "slices, long"])
-def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
-    """The range of a long input is reduced in slices in one dispatch (+inf filling the last slice's
-    tail), their minima taken where the scale and zero point are read: y, y_scale and y_zero_point
-    equal onnxruntime's, with the extremes anywhere."""
+@pytest.mark.parametrize("limits", ["default", "cpu"])
+@pytest.mark.parametrize("n", [1000, 4 * 12289, SPLIT_FROM + 1, 3 * SPLIT_FROM + 17],
+                         ids=["words", "words, long", "slices, ragged", "slices, long"])
+def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n, limits):
+    """n % 4 == 0: the range, the parameters and the packed words are one dispatch (QuantizeWords,
+    every workgroup reducing the whole input; several workgroups for the long one), y, y_scale and
+    y_zero_point read from the words. Otherwise the range of a long input is reduced in slices in
+    one dispatch (+inf filling the last slice's tail), their minima taken where the scale and zero
+    point are read. Either way y, y_scale and y_zero_point equal onnxruntime's, with the extremes
+    anywhere, for the GPU and the CPU-renderer plans."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     x[-1], x[n // 3] = 9.5, -7.25          # the maximum in the tail, the minimum inside
@@ -27,22 +31,58 @@ def test_dynamic_quantize_linear_of_a_long_input(tmp_path, n):
                           [helper.make_tensor_value_info("y", T.UINT8, [n]), helper.make_tensor_value_info("s", T.FLOAT, []),
                            helper.make_tensor_value_info("z", T.UINT8, [])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
-    got, res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    got, res, _ = compile_and_run(m, {"x": x}, tmp_path, limits=limits)
     ref = ort_run(m, {"x": x})
     assert len(got) == 3
     np.testing.assert_array_equal(got[1], ref[1])
     np.testing.assert_array_equal(got[2], ref[2])
     np.testing.assert_array_equal(got[0], ref[0])
-    (reduce,) = [d for d in res.dispatches if d.kind == "reduce"]       # one dispatch: the slices at once
-    assert reduce.grid[0] * reduce.grid[1] == 2 * (1 if n < SPLIT_FROM else SPLIT), reduce.grid
+    kinds = sorted(d.kind for d in res.dispatches)
+    if n % 4 == 0:        # the words, then y, y_scale and y_zero_point unpacked from them (graph outputs)
+        assert kinds == ["generic"] * 3 + ["quantizewords"], kinds
+        (q,) = [d for d in res.dispatches if d.kind == "quantizewords"]
+        wg, (per,) = q.config.workgroup_size[0], q.config.tile
+        assert q.grid[0] * q.grid[1] == -(-n // (4 * wg * per)) and (n < 4000 or q.grid[0] > 1), (q.grid, wg, per)
+    else:
+        (reduce,) = [d for d in res.dispatches if d.kind == "reduce"]       # one dispatch: the slices at once
+        assert reduce.grid[0] * reduce.grid[1] == 2 * (1 if n < SPLIT_FROM else SPLIT), reduce.grid
 
 
-def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path):
+@pytest.mark.parametrize("wg, words", [(64, 1), (128, 5), (256, 64)])
+def test_quantize_words_for_any_workgroup_count(tmp_path, monkeypatch, wg, words):
+    """The range-pack kernel under forced plans (what `webiree tune` tries): 193, 20 and 1
+    workgroups, each reducing the whole input and packing its own words, all equal to
+    onnxruntime's y, scale and zero point."""
+    from webiree.wgsl_codegen import config
+    from webiree.wgsl_codegen.kernels.common import KernelConfig, Strategy
+    monkeypatch.setitem(config.PLANNERS, Strategy.RANGE_PACK,
+                        lambda op, limits: KernelConfig((wg, 1, 1), (words,), 1, Strategy.RANGE_PACK))
+    n = 4 * 12289
+    rng = np.random.default_rng(wg)
+    x = (rng.standard_normal(n) * 2 + 0.5).astype(np.float32)
+    x[7] = -6.0
+    g = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [n])],
+                          [helper.make_tensor_value_info("y", T.UINT8, [n]), helper.make_tensor_value_info("s", T.FLOAT, []),
+                           helper.make_tensor_value_info("z", T.UINT8, [])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    got, res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    ref = ort_run(m, {"x": x})
+    assert len(got) == 3
+    for g_, r in zip(got, ref):
+        np.testing.assert_array_equal(g_, r)
+    (q,) = [d for d in res.dispatches if d.kind == "quantizewords"]
+    assert q.grid[0] * q.grid[1] == -(-12289 // (wg * words)), q.grid
+
+
+@pytest.mark.parametrize("limits, targets", [("default", ("wgsl",)), ("cpu", ("wgsl",)), ("default", ("spirv",)),
+                                             ("cpu", ("spirv",))])
+def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path, limits, targets):
     """What quantize_dynamic writes for attention's Q, K and V: one DynamicQuantizeLinear read by
     three MatMulIntegers, each dequantized (Cast, scale products) with a bias. The quantized
     activation is computed once, packed four values to a word (a quarter of the f32 activation),
-    and each exact integer product reads the words and dequantizes in its epilogue: the range's
-    reduction (one step: a short input), the packing, and three products."""
+    and each exact integer product reads the words and dequantizes in its epilogue: the range and
+    the packing (one dispatch), and three products; GPU and CPU-renderer plans, WGSL and SPIR-V."""
     rng = np.random.default_rng(7)
     m_, k, n = 64, 48, 32
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
@@ -61,12 +101,13 @@ def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path):
                           [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [m_, n]) for i in range(3)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
     x = rng.standard_normal((m_, k)).astype(np.float32)
-    got, res, _ = compile_and_run(m, {"x": x}, tmp_path)
+    got, res, _ = compile_and_run(m, {"x": x}, tmp_path, limits=limits, targets=targets)
+    assert {e.format for e in res.module.executables} == set(targets)
     ref = ort_run(m, {"x": x})
     assert len(got) == 3
     for g_, r in zip(got, ref):
         np.testing.assert_allclose(g_, r, rtol=1e-5, atol=1e-5 * float(np.abs(r).max()))
-    assert [d.kind for d in res.dispatches] == ["reduce", "generic", "matmul", "matmul", "matmul"], \
+    assert [d.kind for d in res.dispatches] == ["quantizewords", "matmul", "matmul", "matmul"], \
         [(d.kind, d.nodes) for d in res.dispatches]
     assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
 

@@ -275,6 +275,21 @@ class LayerNorm(Anchor):
 
 
 @dataclass
+class QuantizeWords(Anchor):
+    """DynamicQuantizeLinear's range and its packing for integer products, in one dispatch: of an
+    f32 x of n values (n % 4 == 0), scale = (max(x, 0) - min(x, 0)) / 255, zero point
+    zp = round(clip(-min(x, 0) / scale, 0, 255)), q = clip(round(x / scale) + zp, 0, 255); the u32
+    output holds words[w] = q[4w .. 4w+3] - 128 as signed bytes (the lowest first, what an
+    integer product's `a_words` reads) for w < n / 4, then bitcast(scale) and zp
+    (kernels/matmul_int8.py build_quantize_words; compiler/ops/quant.py)."""
+    x: str = ""
+    n: int = 0
+
+    def inputs(self):
+        return [self.x]
+
+
+@dataclass
 class Program:
     name: str
     tensors: dict[str, Tensor]

@@ -254,11 +254,31 @@ def _one_per_output(strategy):
     return plan
 
 
+def _range_pack(op, limits: dict):
+    # every workgroup reduces all of x, then packs `words` words per invocation: a GPU runs 16
+    # workgroups of as many invocations as it allows (up to 1,024: each re-reads x from L2, and
+    # its invocations' loads in flight set the time), a CPU renderer 4 (the whole reduction per core)
+    from .kernels.matmul_int8 import RANGE_UNROLL
+    inv = limits["max_compute_invocations_per_workgroup"]
+    cpu = limits.get("device_class") == "cpu"
+    groups, n4 = (4 if cpu else 16), op.n // 4
+    wg = _pow2_at_most(inv, 64 if cpu else 1024)
+    while True:
+        words = max(1, -(-n4 // (wg * groups)))
+        if -(-n4 // (wg * RANGE_UNROLL)) + words <= SERIAL_LOOP_ITERATIONS:
+            return KernelConfig((wg, 1, 1), (words,), 1, S.RANGE_PACK)
+        if wg * 2 > inv:
+            raise LimitsError(f"{op.name} quantizes {op.n:,} values in one dispatch: past {wg} invocations' "
+                              f"{SERIAL_LOOP_ITERATIONS:,} loop iterations (llvmpipe's limit)")
+        wg *= 2
+
+
 PLANNERS = {
     S.SUBGROUP_BROADCAST: _subgroup_broadcast, S.REGISTER_BLOCKED: _register_blocked, S.SPLIT_K: _split_k,
     S.TILED_SHARED_VEC4: _tiled_shared_vec4, S.TILED_SHARED: _tiled_shared, S.ROW_BLOCK: _row_block,
     S.DIRECT: _direct, S.ROW_PER_INVOCATION: _row_per_invocation, S.WORKGROUP_TREE: _workgroup_tree,
     S.WINDOW: _one_per_output(S.WINDOW), S.ELEMENTWISE: _one_per_output(S.ELEMENTWISE),
+    S.RANGE_PACK: _range_pack,
 }
 
 # op kind -> device class -> strategies, most preferred first. An adapter of unknown class
@@ -274,6 +294,7 @@ TABLE = {
     P.Pool: {"cpu": (S.WINDOW,), "gpu": (S.WINDOW,)},
     P.Generic: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
     P.Loop: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
+    P.QuantizeWords: {"cpu": (S.RANGE_PACK,), "gpu": (S.RANGE_PACK,)},
 }
 
 

@@ -55,6 +55,8 @@ def problem_key(op: P.Op) -> str | None:
     if isinstance(v, (P.Softmax, P.LayerNorm, P.Reduce)):
         mode = f" {v.mode}" if isinstance(v, P.Reduce) else ""
         return f"{v.kind}{mode} o{v.outer} r{v.r} i{getattr(v, 'inner', 1)}"
+    if isinstance(v, P.QuantizeWords):
+        return f"quantizewords n{v.n}"
     if isinstance(v, P.Pool):
         return f"pool {v.mode} x{'x'.join(map(str, v.x_shape))} k{'x'.join(map(str, v.kernel))} " \
                f"s{'x'.join(map(str, v.strides))}"
@@ -135,6 +137,15 @@ def _rows_candidates(v, limits: dict):
             yield KernelConfig((wg, 1, 1), (), 1, S.WORKGROUP_TREE)
 
 
+def _range_pack_candidates(v: P.QuantizeWords, limits: dict):
+    """Workgroup sizes x words per invocation: fewer, fuller workgroups re-read x less often."""
+    n4 = v.n // 4
+    for wg in (64, 128, 256, 512, 1024):
+        for words in (1, 2, 4, 8, 16, 32, 64):
+            if -(-n4 // (wg * 4)) + words <= SERIAL_LOOP_ITERATIONS and -(-n4 // (wg * words)) <= 256:
+                yield KernelConfig((wg, 1, 1), (words,), 1, S.RANGE_PACK)
+
+
 def candidates(op: P.Op, prog: P.Program, limits: dict) -> list[KernelConfig]:
     """The configurations `webiree tune` times for `op`: the heuristic's choice first, then every
     other one of the kernel families that can build it on this target (both device classes'),
@@ -148,6 +159,8 @@ def candidates(op: P.Op, prog: P.Program, limits: dict) -> list[KernelConfig]:
         more = _conv_candidates(v, limits)
     elif isinstance(v, (P.Softmax, P.LayerNorm, P.Reduce)):
         more = _rows_candidates(v, limits)
+    elif isinstance(v, P.QuantizeWords):
+        more = _range_pack_candidates(v, limits)
     elif isinstance(v, P.Pool):
         more = (KernelConfig((wg, 1, 1), (), 1, S.WINDOW) for wg in (32, 64, 128, 256))
     else:

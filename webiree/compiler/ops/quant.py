@@ -12,7 +12,8 @@ reduction for both the minimum and the maximum (the minimum of x and of -x).
 
 from __future__ import annotations
 
-from ...ir.program import MatMul, numel
+from ...ir import program as P
+from ...ir.program import MatMul, QuantizeWords, numel
 from ...ir.sym import ceildiv, upper
 from .. import symbolic
 
@@ -34,6 +35,10 @@ from .common import INT_BITS, onnx_type
 # H200, quantize_dynamic MiniLM ran in 2.06 ms with 8 slices and 2.46 ms with 64 (its readers then
 # take 128 loads each; the same GPU time in sum); lavapipe ran 8, 32 and 64 alike (0.85-0.89x f32).
 SPLIT, SPLIT_FROM = 8, 8192
+# A static x of n % 4 == 0 values up to this many is quantized by one QuantizeWords dispatch
+# instead (range and packing together, each workgroup reducing the whole of x: _quantize_words);
+# the bound keeps each invocation's loop inside llvmpipe's 65,535 iterations at 64 invocations.
+WORDS_UP_TO = 1 << 22
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
 _ids = itertools.count()
 
@@ -101,6 +106,9 @@ def dynamic_quantize(ctx, node):
     y, y_scale, y_zp = (list(node.outputs) + ["", ""])[:3]
     s = ctx.shape(x)
     n = numel(s)
+    if not symbolic.is_symbolic(n) and n % 4 == 0 and 0 < n <= WORDS_UP_TO and ctx.dtype(x) == "f32":
+        _quantize_words(ctx, x, n, y, y_scale, y_zp)
+        return
     # [x; -x]: one ReduceMin gives min(x) and -max(x). A long x is reduced over SPLIT slices, so a
     # GPU runs it on that many workgroups, and the slices' minima are taken by their readers
     # (+inf fills the last slice's tail: it changes no minimum).
@@ -118,6 +126,30 @@ def dynamic_quantize(ctx, node):
     steps = [_node(ctx, "ReduceMin", [both], [low], opset=13, keepdims=0, axes=[2])]
     ctx.expand(steps + [Node(f"{ctx.node.name}/params", "DynamicQuantizeParams", [x, low], [y, y_scale or ctx.temp("scale"),
                      y_zp or ctx.temp("zero_point")], {}, "webiree", None, ctx.node.opset)])
+
+
+def _quantize_words(ctx, x, n, y, y_scale, y_zp):
+    """DynamicQuantizeLinear as one QuantizeWords dispatch (ir/program.py): the range, the
+    parameters and y packed as the words an integer product reads (`_words_of` finds them under
+    y's name), the scale and zero point in the two words after them. y itself, where something
+    other than an integer product reads it, is unpacked from the words where it is read."""
+    words = f"{y}:words"
+    ctx.anchor(QuantizeWords(name=ctx.node.name, out=words, nodes=[ctx.node.name], x=ctx.buffer(x), n=n), [n // 4 + 2], "u32")
+    tail = kir.i32(n // 4)
+    if y_scale:
+        ctx.generic(y_scale, (), "f32", lambda cs: kir.bitcast(ctx.read_flat(words, tail), "f32"))
+        ctx.onnx_types[y_scale] = 1
+    if y_zp:
+        ctx.generic(y_zp, (), "i32", lambda cs: kir.cast(ctx.read_flat(words, tail + 1), "i32"))
+        ctx.onnx_types[y_zp] = 2
+    if y:
+        def unpack(cs):
+            i = P.flat_of(cs, ctx.shape(x))
+            word = ctx.read_flat(words, i // 4)
+            byte = kir.binary("band", kir.binary("shr", word, kir.cast(i % 4 * 8, "u32")), kir.const(0xFF, "u32"))
+            return kir.cast(kir.binary("bxor", byte, kir.const(0x80, "u32")), "i32")   # (q - 128) & 255 = q ^ 128
+        ctx.generic(y, ctx.shape(x), "i32", unpack)
+        ctx.onnx_types[y] = 2
 
 
 @register("webiree.DynamicQuantizeParams")

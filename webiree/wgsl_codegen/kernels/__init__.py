@@ -9,6 +9,7 @@ WGSL by wgsl.py and to SPIR-V by spirv.py.
 |-----------------|----------------------|-----------------|
 | elementwise     | Generic              | elementwise.py  |
 | matmul          | MatMul               | matmul.py       |
+| int8 products   | MatMul (int8), QuantizeWords | matmul_int8.py |
 | convolution     | Conv                 | conv.py         |
 | pool / reduce   | Pool, Reduce         | pool_reduce.py  |
 | norm / softmax  | Softmax, LayerNorm   | norm_softmax.py |
@@ -27,6 +28,7 @@ from .conv import build_conv
 from .elementwise import build_generic
 from .loop import build_loop
 from .matmul import build_matmul
+from .matmul_int8 import build_quantize_words
 from .norm_softmax import build_layernorm, build_softmax
 from .pool_reduce import build_pool, build_reduce
 
@@ -34,6 +36,7 @@ from .pool_reduce import build_pool, build_reduce
 BUILDERS = {
     P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
     P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm, P.Loop: build_loop,
+    P.QuantizeWords: build_quantize_words,
 }
 
 

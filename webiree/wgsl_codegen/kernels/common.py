@@ -32,6 +32,7 @@ class Strategy(str, enum.Enum):
     WINDOW = "window"                            # pool: one invocation per output
     WORKGROUP_TREE = "workgroup-tree"            # reduce, softmax, layernorm: a row per workgroup
     ROW_PER_INVOCATION = "row-per-invocation"    # softmax, layernorm, CPU adapters
+    RANGE_PACK = "range-pack"                    # DynamicQuantizeLinear's range + words (QuantizeWords)
 
 
 class MatmulTile(NamedTuple):
@@ -52,9 +53,13 @@ class RowBlockTile(NamedTuple):
     width: int                   # consecutive outputs of a row one invocation computes
 
 
+class PackTile(NamedTuple):
+    words: int                   # range-pack: words one invocation packs
+
+
 TILES = {Strategy.SUBGROUP_BROADCAST: MatmulTile, Strategy.REGISTER_BLOCKED: MatmulTile,
          Strategy.SPLIT_K: MatmulTile, Strategy.TILED_SHARED_VEC4: MatmulTile, Strategy.TILED_SHARED: MatmulTile,
-         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile}
+         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile, Strategy.RANGE_PACK: PackTile}
 
 
 @dataclass

@@ -21,7 +21,8 @@ from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
-from .common import Strategy, Binder, lid, epilogue, slice_fill, split_k_store
+from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, slice_fill, split_k_store
+from .pool_reduce import min_nan, tree
 
 ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four bytes
 
@@ -283,3 +284,54 @@ def check(strategy: Strategy, op: P.MatMul) -> str | None:
     if op.k % 4 or op.trans_a or op.trans_b or op.b_batch or op.alpha != 1.0:
         return "needs K a multiple of 4, A row-major and B as one matrix of words"
     return None
+
+
+RANGE_UNROLL = 4
+
+
+def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
+    """DynamicQuantizeLinear's range, parameters and packed words (P.QuantizeWords) in one
+    dispatch, 'range-pack': every workgroup reduces the whole of x (the minima of x and of -x, as
+    the two-dispatch form's Reduce does, NaN kept), so each knows the scale without a second
+    dispatch, then packs its own `per` words per invocation; workgroup 0 stores the scale and the
+    zero point after the words. A GPU runs a few workgroups, each re-reading x from its cache; a
+    CPU renderer one per core or so (config.py _range_pack)."""
+    wg, per = cfg.workgroup_size[0], cfg.tile.words
+    n4 = op.n // 4
+    out = b.name(op.out)
+    inf = kir.const(float("inf"), "f32")
+    # the scan: RANGE_UNROLL independent vec4 loads in flight per iteration, each lane its own
+    # minima (a GPU waits on each load's latency; four at once cut the wait fourfold)
+    body, scan = [], []
+    for u in range(RANGE_UNROLL):
+        lo, nh, v = lvar(f"lo{u}", "f32"), lvar(f"nh{u}", "f32"), lvar(f"v{u}", "vec4f")
+        body += [Decl(f"lo{u}", "f32", inf), Decl(f"nh{u}", "f32", inf)]
+        step = [Let(f"v{u}", b.load4(op.x, lvar("i", "i32") + u * wg))]
+        for q in range(4):
+            step += [Assign(f"lo{u}", min_nan(lo, kir.lane(v, q))), Assign(f"nh{u}", min_nan(nh, -kir.lane(v, q)))]
+        scan += step if u == 0 else [If(lvar("i", "i32") + u * wg < n4, step)]
+    body.append(For("i", lid(), i32(n4), scan, step=wg * RANGE_UNROLL))
+    lo, nh = lvar("lo0", "f32"), lvar("nh0", "f32")
+    for u in range(1, RANGE_UNROLL):
+        lo, nh = min_nan(lo, lvar(f"lo{u}", "f32")), min_nan(nh, lvar(f"nh{u}", "f32"))
+    body += tree("red", wg, min_nan, lo, "f32") + [Let("x_min", kir.minimum(kir.sload("red", i32(0), "f32"), kir.f32(0.0)))]
+    body += tree("red1", wg, min_nan, nh, "f32") + [Let("neg_max", kir.minimum(kir.sload("red1", i32(0), "f32"), kir.f32(0.0)))]
+    x_min = lvar("x_min", "f32")
+    body += [Let("scale", (-lvar("neg_max", "f32") - x_min) / 255.0)]
+    scale = lvar("scale", "f32")
+    body += [Let("zp", kir.cast(kir.unary("round", kir.clamp(0.0 - x_min / scale, 0.0, 255.0)), "i32"))]
+    zp = lvar("zp", "i32")
+
+    def q(val):
+        return kir.clamp(kir.cast(kir.unary("round", val / scale), "i32") + zp, 0, 255) - 128
+
+    w, xw = lvar("w", "i32"), lvar("xw", "vec4f")
+    word = kir.pack4i8(*(q(kir.lane(xw, k)) for k in range(4)))
+    body.append(For("j", i32(0), i32(per), [
+        Let("w", linear_wid() * (wg * per) + lvar("j", "i32") * wg + lid()),
+        If(w < n4, [Let("xw", b.load4(op.x, w)), Store(out, w, epilogue(op, b, word, w))])]))
+    first = kir.binary("and", kir.binary("eq", linear_wid(), i32(0)), kir.binary("eq", lid(), i32(0)))
+    body.append(If(first, [Store(out, i32(n4), epilogue(op, b, kir.bitcast(scale, "u32"), i32(n4))),
+                           Store(out, i32(n4 + 1), epilogue(op, b, kir.cast(zp, "u32"), i32(n4 + 1)))]))
+    shared = [kir.SharedArray("red", "f32", wg), kir.SharedArray("red1", "f32", wg)]
+    return body, shared, grid_for(-(-n4 // (wg * per)), limits)
