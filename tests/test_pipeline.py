@@ -219,6 +219,19 @@ def test_external_data_and_bytes_input(tmp_path):
         webiree.compile(onnx_bytes, tmp_path / "c")
 
 
+def test_hold_clocks_spins_only_a_gpu():
+    """A benchmark's clock hold (wgpu_driver.hold_clocks) keeps a GPU busy for the time asked and
+    leaves a CPU adapter (lavapipe here) alone: no spinning where there are no clocks to raise."""
+    from webiree.hal_webgpu.wgpu_driver import adapter_info, hold_clocks
+
+    kind = adapter_info().get("adapter_type", "").lower().replace(" ", "")
+    spent = hold_clocks(0.05)
+    if kind in ("discretegpu", "integratedgpu"):
+        assert 0.05 <= spent < 5.0, spent
+    else:
+        assert kind == "cpu" and spent == 0.0, (kind, spent)
+
+
 def test_bench_command_reports_correct_results(tmp_path, capsys):
     """`webiree bench` runs end to end (a smoke test of the command, not a timing test)."""
     import json

@@ -50,10 +50,10 @@ def tune(model_path, out_path, input_shapes=None, runs: int = 10, warmup: int = 
          inputs_path=None, dims=None, log=print, warm_seconds: float = WARM_SECONDS) -> dict:
     """Time the candidates, write the table to `out_path`, return it (see the module docstring)."""
     import onnx
-    from .bench import _feeds, _max_rel_err, alternating_medians, model_tolerance
+    from .bench import HOLD_S, _feeds, _max_rel_err, alternating_medians, model_tolerance
     from .bundler.site import resolve_target
     from .compiler.driver import kernel_rounds
-    from .hal_webgpu.wgpu_driver import adapter_info
+    from .hal_webgpu.wgpu_driver import adapter_info, hold_clocks
     from .session import InferenceSession
 
     model_path = Path(model_path)
@@ -94,8 +94,12 @@ def tune(model_path, out_path, input_shapes=None, runs: int = 10, warmup: int = 
             while n < warmup or time.perf_counter() < t_end:
                 sess.run(None, state["feeds"], profile=True)
                 n += 1
+            # and a busy GPU's clock for every timed run, however little of the time a run keeps the GPU
+            # busy (bench.HOLD_S)
+            hold_clocks(HOLD_S)
             per_op = {op.name: [] for op in prog.ops}
             for _ in range(runs):
+                hold_clocks(0.1)
                 sess.run(None, state["feeds"], profile=True)
                 prof = sess.last_profile
                 if not prof:

@@ -8,6 +8,7 @@ limits so any module built within them runs.
 from __future__ import annotations
 
 import os
+import time
 import threading
 
 from ..errors import CompilerBug, DeviceError
@@ -159,6 +160,57 @@ def validate_wgsl(name: str, code: str) -> None:
 # the rest (0.67x to 0.94x the latency on the H200's seed models, docs/performance.md). Other
 # adapters (integrated GPUs, CPU renderers such as lavapipe) run one submit per inference.
 DISCRETE_GPU_SUBMIT_CHUNK = 16
+
+
+# A GPU idles at a fraction of its clock and raises it only under a high duty cycle: measured on the
+# H200 (nvidia-smi, 3 Dec 2026), the SM clock fell from 1,980 to 345 MHz within 2 s of idling, and
+# profiled 4096^3 products each behind a 64 MB upload (10-25 % busy) kept it there: 22.8 ms a
+# product instead of 4.0 ms; a load near 100 % raised it to 1,980 MHz in about 0.5 s. Benchmarks
+# call hold_clocks() before a profiled run, so its per-dispatch times are the kernels' at the clock
+# of a busy GPU, as PyTorch's timing loops measure theirs.
+_SPIN = """
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  var x = f32(g.x & 255u);
+  for (var i = 0u; i < 4096u; i++) { x = fma(x, 0.99991, 0.00013); }
+  out[g.x & 255u] = x;
+}"""
+_SPIN_STATE = None
+
+
+def hold_clocks(seconds: float = 0.3) -> float:
+    """Keep a GPU adapter busy for about `seconds` (a spinning kernel, its own buffer) so its
+    clocks are at their sustained level when a benchmark times next; returns the seconds spent.
+    Does nothing on a CPU adapter (lavapipe, SwiftShader: no clocks to raise)."""
+    global _SPIN_STATE
+    adapter, device = request_device()
+    if adapter.info.get("adapter_type", "").lower().replace(" ", "") not in ("discretegpu", "integratedgpu"):
+        return 0.0
+    w = _import_wgpu()
+    if _SPIN_STATE is None:
+        pipe = device.create_compute_pipeline(layout="auto", compute={
+            "module": device.create_shader_module(code=_SPIN), "entry_point": "main"})
+        buf = device.create_buffer(size=1024, usage=w.BufferUsage.STORAGE | w.BufferUsage.COPY_SRC)
+        bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                      entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        _SPIN_STATE = (pipe, bg, buf)
+    pipe, bg, buf = _SPIN_STATE
+    t0, k = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        enc = device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        for _ in range(8):
+            cp.dispatch_workgroups(8192)
+        cp.end()
+        device.queue.submit([enc.finish()])
+        k += 1
+        if k % 4 == 0:     # a few submissions in flight keep the GPU busy between waits
+            device.queue.read_buffer(buf, 0, 4)
+    device.queue.read_buffer(buf, 0, 4)
+    return time.perf_counter() - t0
 
 
 def default_submit_chunk(adapter_type: str) -> int:
