@@ -289,6 +289,21 @@ class QuantizeWords(Anchor):
         return [self.x]
 
 
+# DynamicQuantizeLinear's arithmetic (ONNX spec, uint8), written once for the dispatches that
+# compute it: the scale and zero point of x_min = min(min(x), 0) and neg_max = min(-max(x), 0), and
+# a value's quantized q (compiler/ops/quant.py; kernels/matmul_int8.py build_quantize_words)
+def dynamic_quant_scale(x_min: Expr, neg_max: Expr) -> Expr:
+    return (-neg_max - x_min) / 255.0
+
+
+def dynamic_quant_zero_point(x_min: Expr, scale: Expr) -> Expr:
+    return kir.cast(kir.unary("round", kir.clamp(0.0 - x_min / scale, 0.0, 255.0)), "i32")
+
+
+def dynamic_quant_value(x: Expr, scale: Expr, zp: Expr) -> Expr:
+    return kir.clamp(kir.cast(kir.unary("round", x / scale), "i32") + zp, 0, 255)
+
+
 @dataclass
 class Program:
     name: str

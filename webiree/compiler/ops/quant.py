@@ -37,7 +37,9 @@ from .common import INT_BITS, onnx_type
 SPLIT, SPLIT_FROM = 8, 8192
 # A static x of n % 4 == 0 values up to this many is quantized by one QuantizeWords dispatch
 # instead (range and packing together, each workgroup reducing the whole of x: _quantize_words);
-# the bound keeps each invocation's loop inside llvmpipe's 65,535 iterations at 64 invocations.
+# At the bound each of a CPU renderer's 4 x 64 invocations (config.py _range_pack) scans 4,096
+# iterations of four vec4s (kernels/matmul_int8.py RANGE_UNROLL) and packs 4,096 words, far inside
+# llvmpipe's 65,535 iterations; beyond it the sliced reduction below spreads the range wider.
 WORDS_UP_TO = 1 << 22
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
 _ids = itertools.count()
@@ -161,16 +163,13 @@ def dynamic_quantize_params(ctx, node):
     for p in range(parts):
         x_min = kir.minimum(ctx.read(low, [kir.i32(0), kir.i32(p)]), x_min)
         neg_max = kir.minimum(ctx.read(low, [kir.i32(1), kir.i32(p)]), neg_max)
-    x_max = -neg_max
-    ctx.generic(y_scale, (), "f32", lambda cs: (x_max - x_min) / 255.0)
+    ctx.generic(y_scale, (), "f32", lambda cs: P.dynamic_quant_scale(x_min, neg_max))
     ctx.onnx_types[y_scale] = 1
     scale = ctx.read_flat(y_scale, kir.i32(0))
-    ctx.generic(y_zp, (), "i32", lambda cs: kir.cast(kir.unary("round", kir.clamp(0.0 - x_min / scale, 0.0, 255.0)),
-                                                    "i32"))
+    ctx.generic(y_zp, (), "i32", lambda cs: P.dynamic_quant_zero_point(x_min, scale))
     ctx.onnx_types[y_zp] = 2
     zp = ctx.read_flat(y_zp, kir.i32(0))
-    ctx.generic(y, ctx.shape(x), "i32", lambda cs: kir.clamp(
-        kir.cast(kir.unary("round", ctx.read(x, cs) / scale), "i32") + zp, 0, 255))
+    ctx.generic(y, ctx.shape(x), "i32", lambda cs: P.dynamic_quant_value(ctx.read(x, cs), scale, zp))
     ctx.onnx_types[y] = 2
 
 

@@ -317,13 +317,13 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
     body += tree("red", wg, min_nan, lo, "f32") + [Let("x_min", kir.minimum(kir.sload("red", i32(0), "f32"), kir.f32(0.0)))]
     body += tree("red1", wg, min_nan, nh, "f32") + [Let("neg_max", kir.minimum(kir.sload("red1", i32(0), "f32"), kir.f32(0.0)))]
     x_min = lvar("x_min", "f32")
-    body += [Let("scale", (-lvar("neg_max", "f32") - x_min) / 255.0)]
+    body += [Let("scale", P.dynamic_quant_scale(x_min, lvar("neg_max", "f32")))]
     scale = lvar("scale", "f32")
-    body += [Let("zp", kir.cast(kir.unary("round", kir.clamp(0.0 - x_min / scale, 0.0, 255.0)), "i32"))]
+    body += [Let("zp", P.dynamic_quant_zero_point(x_min, scale))]
     zp = lvar("zp", "i32")
 
-    def q(val):
-        return kir.clamp(kir.cast(kir.unary("round", val / scale), "i32") + zp, 0, 255) - 128
+    def q(val):     # q - 128: the signed byte a word holds
+        return P.dynamic_quant_value(val, scale, zp) - 128
 
     w, xw = lvar("w", "i32"), lvar("xw", "vec4f")
     word = kir.pack4i8(*(q(kir.lane(xw, k)) for k in range(4)))
