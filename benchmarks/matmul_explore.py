@@ -3,22 +3,25 @@
 many TFLOP/s on this adapter.
 
     python benchmarks/matmul_explore.py [--size 4096] [--runs 10] [--only NAME ...]
+        [--wgsl SITE/shaders/000_MatMul_0.wgsl:GX,GY ...]
 
 Each candidate is a hand-parameterized WGSL kernel of one family (the design of
 kernels/matmul.py's tiled-shared-vec4: an RM x 4*RN block of outputs per invocation, A and B
 tiles of BK values of K copied into workgroup memory, the next step's global loads in
 registers while this one computes), varied along the axes the compiler does not yet offer:
 K step, double-buffered workgroup memory (one barrier per step instead of two), tile shape,
-and workgroup shape. The size must be a multiple of every tile (interior tiles only: no
-bounds checks, which the compiler's kernel has and a production kernel would keep for edge
-tiles only). Every candidate's result is checked against numpy on 64 rows (fp64, 1e-4
-relative) before it is timed; a wrong one is reported and not timed.
+workgroup shape, and A and B bound read_write as the compiler binds them. The size must be a
+multiple of every tile (interior tiles only: no bounds checks, which the compiler's kernel has
+and a production kernel would keep for edge tiles only). `--wgsl` adds kernels from files, such
+as the compiler's own for the same product (`webiree build` of benchmarks/make_matmul.py's model,
+its grid from `webiree inspect`; bindings 0, 1, 2 = A, B, C), timed the same way. Every kernel's
+result is checked against numpy on 64 rows (fp64, 1e-4 relative; C filled with NaN before) before
+it is timed; a wrong one is reported and not timed.
 
-Timing: `--runs` dispatches of the candidate in one submission, host timed from submit to
-a 4-byte readback (which waits for the queue), after a warm-up of 3 dispatches and at least 1 s; the line prints
-ms per dispatch and TFLOP/s (2 * size^3 per dispatch). The compiler's own kernel for the
-same product is timed by `webiree bench` on benchmarks/make_matmul.py's model (its first
-candidate mirrors that kernel without its bounds checks). A benchmark, not a test.
+Timing: `--runs` dispatches of the kernel in one submission, host timed from submit to a 4-byte
+readback (which waits for the queue), the median of 3 such submissions after a warm-up of at
+least 1 s of dispatches (which raises a GPU's clock); the line prints ms per dispatch and TFLOP/s
+(2 * size^3 per dispatch). A benchmark, not a test.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def time_config(m, k, n, cfg, limits, runs, tmp, chain=0):
     hold_clocks(1.0)    # a large product behind its upload leaves a GPU at its idle clock
     clocks = set()
     for _ in range(runs):
-        hold_clocks(0.1)
+        hold_clocks(0.1)    # and kept up
         t0 = time.perf_counter()
         sess.run(None, {"a": a}, profile=True)
         host = time.perf_counter() - t0

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 
-# seconds of GPU work before a profiled run (hold_clocks): on the H200 a spinning load raised the SM
-# clock from 345 to 1,980 MHz in about 0.5 s and the clock fell back within 2 s of idling
+# seconds of GPU work before a profiled run (hold_clocks): on the H200 the SM clock fell to 345 MHz
+# within 2 s of idling; after 1 s of the spin a profiled 4096^3 product ran at 1,980 MHz's speed
 HOLD_S = 1.0
 
 

@@ -94,8 +94,8 @@ def tune(model_path, out_path, input_shapes=None, runs: int = 10, warmup: int = 
             while n < warmup or time.perf_counter() < t_end:
                 sess.run(None, state["feeds"], profile=True)
                 n += 1
-            # and a busy GPU's clock for every timed run, however little of the time a run keeps the GPU
-            # busy (bench.HOLD_S)
+            # then the clock held up (wgpu_driver.hold_clocks), and kept up before every timed run, for
+            # runs that keep the GPU busy too little of the time to raise it themselves (a 4096^3 product)
             hold_clocks(HOLD_S)
             per_op = {op.name: [] for op in prog.ops}
             for _ in range(runs):

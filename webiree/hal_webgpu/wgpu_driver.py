@@ -165,9 +165,10 @@ DISCRETE_GPU_SUBMIT_CHUNK = 16
 # A GPU idles at a fraction of its clock and raises it only under a high duty cycle: measured on the
 # H200 (nvidia-smi, 3 Dec 2026), the SM clock fell from 1,980 to 345 MHz within 2 s of idling, and
 # profiled 4096^3 products each behind a 64 MB upload (10-25 % busy) kept it there: 22.8 ms a
-# product instead of 4.0 ms; a load near 100 % raised it to 1,980 MHz in about 0.5 s. Benchmarks
-# call hold_clocks() before a profiled run, so its per-dispatch times are the kernels' at the clock
-# of a busy GPU, as PyTorch's timing loops measure theirs.
+# product instead of 4.0 ms; MiniLM's runs (60-85 % busy) raised it to 1,980 MHz within 0.3-0.5 s,
+# and after 1 s of hold_clocks' spinning the product's profiled run took 3.96 ms. Benchmarks call
+# hold_clocks() before a profiled run, so its per-dispatch times are the kernels' at the clock of a
+# busy GPU, as PyTorch's timing loops measure theirs.
 _SPIN = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @compute @workgroup_size(256)
@@ -185,7 +186,7 @@ def hold_clocks(seconds: float = 0.3) -> float:
     Does nothing on a CPU adapter (lavapipe, SwiftShader: no clocks to raise)."""
     global _SPIN_STATE
     adapter, device = request_device()
-    if adapter.info.get("adapter_type", "").lower().replace(" ", "") not in ("discretegpu", "integratedgpu"):
+    if _adapter_kind(adapter.info.get("adapter_type", "")) not in ("discretegpu", "integratedgpu"):
         return 0.0
     w = _import_wgpu()
     if _SPIN_STATE is None:
@@ -213,9 +214,14 @@ def hold_clocks(seconds: float = 0.3) -> float:
     return time.perf_counter() - t0
 
 
+def _adapter_kind(adapter_type: str) -> str:
+    """wgpu's adapter type ('DiscreteGPU', 'Cpu', ...) as one spelling: 'discretegpu', 'cpu', ..."""
+    return adapter_type.lower().replace(" ", "")
+
+
 def default_submit_chunk(adapter_type: str) -> int:
     """The submission strategy for an adapter of this type, as wgpu reports it."""
-    return DISCRETE_GPU_SUBMIT_CHUNK if adapter_type.lower().replace(" ", "") == "discretegpu" else 0
+    return DISCRETE_GPU_SUBMIT_CHUNK if _adapter_kind(adapter_type) == "discretegpu" else 0
 
 
 class WgpuDriver(Driver):
