@@ -317,3 +317,50 @@ def test_submission_is_chosen_by_the_adapter(tmp_path):
     sess = webiree.InferenceSession(tmp_path / "b")
     assert sess.driver.adapter.info["adapter_type"] == "CPU" and sess.driver.submit_chunk == 0
     assert webiree.InferenceSession(tmp_path / "b", submit_chunk=3).driver.submit_chunk == 3
+
+
+def _attention_block(tied_v: bool = False):
+    """Q, K and V projections of one hidden state (each MatMul + bias), two heads, scores, softmax,
+    x V: BERT's self-attention. `tied_v`: V's weight is K's, so it is read twice."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(5)
+    S, D, H = 8, 16, 2
+    consts = {f"w{p}": rng.standard_normal([D, D]).astype(np.float32) / 4 for p in "qkv"}
+    consts.update({f"b{p}": rng.standard_normal([D]).astype(np.float32) for p in "qkv"})
+    consts["heads"] = np.array([1, S, H, D // H], np.int64)
+    consts["merged"] = np.array([1, S, D], np.int64)
+    nodes = []
+    for p in "qkv":
+        w = "wk" if tied_v and p == "v" else f"w{p}"
+        nodes += [helper.make_node("MatMul", ["x", w], [f"{p}0"]),
+                  helper.make_node("Add", [f"{p}0", f"b{p}"], [f"{p}1"]),
+                  helper.make_node("Reshape", [f"{p}1", "heads"], [f"{p}2"]),
+                  helper.make_node("Transpose", [f"{p}2"], [f"{p}3"], perm=[0, 2, 3, 1] if p == "k" else [0, 2, 1, 3])]
+    nodes += [helper.make_node("MatMul", ["q3", "k3"], ["s"]),
+              helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v3"], ["c"]),
+              helper.make_node("Transpose", ["c"], ["c1"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["c1", "merged"], ["y"])]
+    if tied_v:
+        del consts["wv"]
+    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    return models.make_model(nodes, [vi("x", [1, S, D])], [vi("y", [1, S, D])], consts)
+
+
+def test_parallel_projections_are_one_product(tmp_path):
+    """The Q, K and V projections of one hidden state are one product of their weights side by
+    side (passes.combine_parallel_matmuls); each projection's bias and head transposes are computed
+    in the loads of the product that reads it: QKV, scores, softmax, x V and the heads' transpose
+back, five dispatches where there were seven.
+    A weight read twice (V's tied to K's) is not copied: only Q would be left, so nothing combines."""
+    res = check_model(_attention_block(), tmp_path / "a")
+    assert [d.kind for d in res.dispatches] == ["matmul", "matmul", "softmax", "matmul", "generic"], \
+        [(d.kind, d.nodes) for d in res.dispatches]
+    assert res.dispatches[0].nodes == ["MatMul_0", "MatMul_4", "MatMul_8"], res.dispatches[0].nodes
+    combined = [t for t in res.program.tensors.values() if t.name.endswith(":combined") and t.kind == "const"]
+    assert [t.shape for t in combined] == [(16, 48)], [(t.name, t.shape) for t in combined]
+    tied = check_model(_attention_block(tied_v=True), tmp_path / "b")
+    assert [d.kind for d in tied.dispatches] == ["matmul"] * 4 + ["softmax", "matmul", "generic"], \
+        [(d.kind, d.nodes) for d in tied.dispatches]
+    combined = [t for t in tied.program.tensors.values() if t.name.endswith(":combined") and t.kind == "const"]
+    assert combined == [], [(t.name, t.shape) for t in combined]

@@ -281,6 +281,7 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     passes.fold_pad_into_conv(prog)
     passes.dce(prog)
     passes.split_large_constants(prog, lim["max_storage_buffer_binding_size"])
+    passes.combine_parallel_matmuls(prog, lim["max_storage_buffer_binding_size"])
     if "lower" in dump_after:
         dumps["lower"] = prog.summary()
     stage[0] = "fuse"

@@ -33,6 +33,10 @@ an ungrouped Conv reading it as its weight one Conv per part of the output
 channels, and a Generic op concatenates their outputs. A constant read any
 other way stays whole, and the memory planner refuses it naming the limit.
 
+`combine_parallel_matmuls` runs after it: products of one A with constant Bs of their own
+(BERT's Q, K and V projections) become one product, their Bs side by side, and each original
+output a Generic op reading its columns, which fusion then computes inside its readers.
+
 `pack_constants` runs last: each constant is given the narrow storage form
 that holds its values exactly (weights keep the size they were shipped in).
 """
@@ -445,6 +449,68 @@ def split_large_constants(prog: Program, max_binding: int) -> Program:
                 _split_matmul(prog, op, data, per_elem, max_binding, part, add_part)
         release(data)
     return dce(prog)
+
+
+def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
+    """Products that read one A with constant Bs of their own (BERT's Q, K and V projections,
+    MobileBERT's bottleneck and value projections of one hidden state) become one product whose
+    B holds theirs side by side (TVM's CombineParallelDense): one dispatch instead of several.
+    Each original output becomes a Generic op reading its columns of the combined one, which
+    fusion then computes inside its readers (the bias add, the head transposes, the score
+    product's loads). Only plain f32 2-D products with the same A, M, K, transposes and alpha
+    are combined, each B a constant read by nothing else, when the combined B is stored as
+    narrow as its parts (an f16 weight stays f16) and fits one binding; returns `prog`."""
+    outputs = {prog.root(o) for o in prog.outputs}
+    readers = _readers(prog)
+    groups: dict[tuple, list[MatMul]] = {}
+    for op in prog.ops:
+        if not isinstance(op, MatMul) or op.int8 or op.batch or op.b_batch or op.a_batch \
+                or op.prologues or op.epilogue is not None or op.out in outputs:
+            continue
+        b, out = prog.tensors[op.b], prog.tensors[op.out]
+        if b.kind != "const" or b.data is None or b.alias_of is not None or b.form is not None \
+                or b.dtype != "f32" or out.dtype != "f32" or len(readers.get(op.b, [])) != 1 \
+                or op.a == op.b or not isinstance(op.n, int) or not isinstance(op.k, int) \
+                or tuple(out.shape) != (op.m, op.n) or b.data.size != op.n * op.k:
+            continue
+        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha)
+        groups.setdefault(key, []).append(op)
+    for members in groups.values():
+        members, data = _fit_binding(prog, members, max_binding)
+        if len(members) < 2:
+            continue
+        first, n_total = members[0], sum(op.n for op in members)
+        bname, oname = f"{first.b}:combined", f"{first.out}:combined"
+        prog.tensors[bname] = Tensor(bname, data.shape, "f32", kind="const", data=data)
+        prog.tensors[oname] = Tensor(oname, (first.m, n_total), "f32")
+        combined = dataclasses.replace(first, name=f"{first.name}:combined", out=oname, b=bname, n=n_total,
+                                       nodes=[n for op in members for n in op.nodes])
+        slices, at = [], 0
+        for op in members:
+            expr = kir.load(oname, (O // op.n) * n_total + (O % op.n) + at, "f32")
+            slices.append(Generic(name=f"{op.name}:columns", out=op.out, nodes=[], expr=expr))
+            at += op.n
+        for op in members:
+            release(prog.tensors[op.b].data)
+            del prog.tensors[op.b]
+        here = next(i for i, op in enumerate(prog.ops) if op is first)   # A exists here; the readers come later
+        prog.ops = [op for op in prog.ops if not any(op is m for m in members)]
+        prog.ops[here:here] = [combined] + slices
+    return prog
+
+
+def _fit_binding(prog: Program, members: list, max_binding: int) -> tuple[list, np.ndarray | None]:
+    """The leading members whose Bs, side by side, are stored as narrow as apart, in one binding,
+    and those Bs side by side."""
+    kept, data = [], None
+    for op in members:
+        b = np.ascontiguousarray(prog.tensors[op.b].data).reshape((op.n, op.k) if op.trans_b else (op.k, op.n))
+        both = b if data is None else np.concatenate([data, b], axis=0 if op.trans_b else 1)
+        if packing.narrow_bytes(both) > min(max_binding, sum(packing.narrow_bytes(prog.tensors[m.b].data)
+                                                             for m in kept + [op])):
+            break
+        kept, data = kept + [op], both
+    return kept, data
 
 
 def _can_read_parts(op, name: str, size: int) -> bool:
