@@ -319,14 +319,17 @@ def test_submission_is_chosen_by_the_adapter(tmp_path):
     assert webiree.InferenceSession(tmp_path / "b", submit_chunk=3).driver.submit_chunk == 3
 
 
-def _attention_block(tied_v: bool = False):
+def _attention_block(tied_v: bool = False, f16_q: bool = False):
     """Q, K and V projections of one hidden state (each MatMul + bias), two heads, scores, softmax,
-    x V: BERT's self-attention. `tied_v`: V's weight is K's, so it is read twice."""
+    x V: BERT's self-attention. `tied_v`: V's weight is K's, so it is read twice; `f16_q`: Q's
+    weight holds float16 values only (stored as halves), the others do not."""
     from onnx import TensorProto, helper
     rng = np.random.default_rng(5)
     S, D, H = 8, 16, 2
     consts = {f"w{p}": rng.standard_normal([D, D]).astype(np.float32) / 4 for p in "qkv"}
     consts.update({f"b{p}": rng.standard_normal([D]).astype(np.float32) for p in "qkv"})
+    if f16_q:
+        consts["wq"] = consts["wq"].astype(np.float16).astype(np.float32)
     consts["heads"] = np.array([1, S, H, D // H], np.int64)
     consts["merged"] = np.array([1, S, D], np.int64)
     nodes = []
@@ -351,8 +354,10 @@ def test_parallel_projections_are_one_product(tmp_path):
     """The Q, K and V projections of one hidden state are one product of their weights side by
     side (passes.combine_parallel_matmuls); each projection's bias and head transposes are computed
     in the loads of the product that reads it: QKV, scores, softmax, x V and the heads' transpose
-back, five dispatches where there were seven.
-    A weight read twice (V's tied to K's) is not copied: only Q would be left, so nothing combines."""
+    back, five dispatches where there were seven. A weight read twice (V's tied to K's) is not
+    copied: only Q would be left, so nothing combines. A weight stored as halves combines only
+    with others stored so: K and V combine, Q stays alone (and weights.bin stays the size of the
+    weights as stored)."""
     res = check_model(_attention_block(), tmp_path / "a")
     assert [d.kind for d in res.dispatches] == ["matmul", "matmul", "softmax", "matmul", "generic"], \
         [(d.kind, d.nodes) for d in res.dispatches]
@@ -364,3 +369,11 @@ back, five dispatches where there were seven.
         [(d.kind, d.nodes) for d in tied.dispatches]
     combined = [t for t in tied.program.tensors.values() if t.name.endswith(":combined") and t.kind == "const"]
     assert combined == [], [(t.name, t.shape) for t in combined]
+    half = check_model(_attention_block(f16_q=True), tmp_path / "c")
+    assert [d.kind for d in half.dispatches] == ["matmul"] * 3 + ["softmax", "matmul", "generic"], \
+        [(d.kind, d.nodes) for d in half.dispatches]
+    combined = {t.name: (t.shape, t.pack) for t in half.program.tensors.values()
+                if t.name.endswith(":combined") and t.kind == "const"}
+    assert combined == {"wk:combined": ((16, 32), None)}, combined
+    assert half.program.tensors["wq"].pack == "f16"
+    assert len(half.weights) <= len(res.weights) - 16 * 16 * 2, (len(half.weights), len(res.weights))  # Q's in halves

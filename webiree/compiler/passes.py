@@ -458,8 +458,9 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
     Each original output becomes a Generic op reading its columns of the combined one, which
     fusion then computes inside its readers (the bias add, the head transposes, the score
     product's loads). Only plain f32 2-D products with the same A, M, K, transposes and alpha
-    are combined, each B a constant read by nothing else, when the combined B is stored as
-    narrow as its parts (an f16 weight stays f16) and fits one binding; returns `prog`."""
+    are combined, each B a constant read by nothing else and stored in the same narrow form
+    (packing.choose: an f16 weight stays f16 beside f16 ones), as many as fit one binding;
+    returns `prog`."""
     outputs = {prog.root(o) for o in prog.outputs}
     readers = _readers(prog)
     groups: dict[tuple, list[MatMul]] = {}
@@ -473,44 +474,42 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
                 or op.a == op.b or not isinstance(op.n, int) or not isinstance(op.k, int) \
                 or tuple(out.shape) != (op.m, op.n) or b.data.size != op.n * op.k:
             continue
-        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha)
+        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha, packing.choose(b.data))
         groups.setdefault(key, []).append(op)
-    for members in groups.values():
-        members, data = _fit_binding(prog, members, max_binding)
-        if len(members) < 2:
-            continue
-        first, n_total = members[0], sum(op.n for op in members)
-        bname, oname = f"{first.b}:combined", f"{first.out}:combined"
-        prog.tensors[bname] = Tensor(bname, data.shape, "f32", kind="const", data=data)
-        prog.tensors[oname] = Tensor(oname, (first.m, n_total), "f32")
-        combined = dataclasses.replace(first, name=f"{first.name}:combined", out=oname, b=bname, n=n_total,
-                                       nodes=[n for op in members for n in op.nodes])
-        slices, at = [], 0
-        for op in members:
-            expr = kir.load(oname, (O // op.n) * n_total + (O % op.n) + at, "f32")
-            slices.append(Generic(name=f"{op.name}:columns", out=op.out, nodes=[], expr=expr))
-            at += op.n
-        for op in members:
-            release(prog.tensors[op.b].data)
-            del prog.tensors[op.b]
-        here = next(i for i, op in enumerate(prog.ops) if op is first)   # A exists here; the readers come later
-        prog.ops = [op for op in prog.ops if not any(op is m for m in members)]
-        prog.ops[here:here] = [combined] + slices
+    for key, group in groups.items():
+        members, size = [], 0
+        for op in group:    # the leading ones that fit one binding together
+            size += packing.stored_bytes(prog.tensors[op.b].data, key[-1])
+            if size > max_binding:
+                break
+            members.append(op)
+        if len(members) >= 2:
+            _combine(prog, members)
     return prog
 
 
-def _fit_binding(prog: Program, members: list, max_binding: int) -> tuple[list, np.ndarray | None]:
-    """The leading members whose Bs, side by side, are stored as narrow as apart, in one binding,
-    and those Bs side by side."""
-    kept, data = [], None
+def _combine(prog: Program, members: list) -> None:
+    """Replace the products `members` (one A, see combine_parallel_matmuls) by one product of
+    their Bs side by side, at the first one's place, and a Generic op per original output."""
+    first, n_total = members[0], sum(op.n for op in members)
+    parts = [np.ascontiguousarray(prog.tensors[op.b].data).reshape((op.n, op.k) if op.trans_b else (op.k, op.n))
+             for op in members]
+    data = np.concatenate(parts, axis=0 if first.trans_b else 1)
+    bname, oname = f"{first.b}:combined", f"{first.out}:combined"
+    prog.tensors[bname] = Tensor(bname, data.shape, "f32", kind="const", data=data)
+    prog.tensors[oname] = Tensor(oname, (first.m, n_total), "f32")
+    combined = dataclasses.replace(first, name=f"{first.name}:combined", out=oname, b=bname, n=n_total,
+                                   nodes=[n for op in members for n in op.nodes])
+    columns, at = [], 0
     for op in members:
-        b = np.ascontiguousarray(prog.tensors[op.b].data).reshape((op.n, op.k) if op.trans_b else (op.k, op.n))
-        both = b if data is None else np.concatenate([data, b], axis=0 if op.trans_b else 1)
-        if packing.narrow_bytes(both) > min(max_binding, sum(packing.narrow_bytes(prog.tensors[m.b].data)
-                                                             for m in kept + [op])):
-            break
-        kept, data = kept + [op], both
-    return kept, data
+        expr = kir.load(oname, (O // op.n) * n_total + (O % op.n) + at, "f32")
+        columns.append(Generic(name=f"{op.name}:columns", out=op.out, nodes=[], expr=expr))
+        at += op.n
+        release(prog.tensors[op.b].data)
+        del prog.tensors[op.b]
+    here = next(i for i, op in enumerate(prog.ops) if op is first)   # A exists here; the readers come later
+    prog.ops = [op for op in prog.ops if not any(op is m for m in members)]
+    prog.ops[here:here] = [combined] + columns
 
 
 def _can_read_parts(op, name: str, size: int) -> bool:
