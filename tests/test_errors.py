@@ -173,3 +173,14 @@ def test_cli_build_run_inspect(capsys, tmp_path):
     assert_close(np.load(tmp_path / "res" / "probs.npy"), ort_run(models.small_cnn(), {"image": x})[0])
     rc, out, err = cli(capsys, "inspect", str(tmp_path / "site"))
     assert rc == 0 and "dispatches: 9" in out
+
+
+def test_inspect_into_a_closed_pipe(built):
+    """`webiree inspect DIR | head -1`: the reader gone before we write is no error of ours (exit 0,
+    nothing on stderr: no 'internal error', no 'Exception ignored' at the final flush)."""
+    p = subprocess.Popen([sys.executable, "-m", "webiree.cli", "inspect", str(built)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()        # the reader leaves before the first line is written
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0, err
+    assert err == ""

@@ -297,6 +297,11 @@ def main(argv=None) -> int:
         return EXIT_INTERNAL if e.kind == "internal" else EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader of our output went away (`webiree inspect DIR | head`): not an error of ours;
+        # stdout is pointed at /dev/null so the interpreter's final flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # a bug: still one line unless --debug
         if args.debug:
             raise
