@@ -248,6 +248,26 @@ def test_kernel_variant_picked_by_the_adapter(page, server, sites):
         in r["error"], r
 
 
+def test_chained_products_in_every_variant(page, server, sites):
+    """A feed-forward block as one chained-product dispatch (kernels/matmul_chain.py) on
+    SwiftShader in each kernel variant: chain-subgroup with subgroups of 4 in 'cpu-sg4' (the one
+    picked), chain-shared in 'gpu' (128 invocations, H split in 4 slices) and in 'cpu', each
+    against onnxruntime; ragged rows and chunks (33 rows, H = 200)."""
+    from .test_matmul_chain import ffn
+    model = ffn(33, 64, 200, 64)
+    res = webiree.compile(model, sites[0] / "ffn")
+    by_variant = {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
+    feeds = sample_inputs(model)
+    ref = ort_run(model, feeds)[0]
+    for option, want, strategy in ((None, "cpu-sg4", "chain-subgroup"), ("gpu", "gpu", "chain-shared"),
+                                   ("cpu", "cpu", "chain-shared")):
+        assert by_variant[want] == [strategy], by_variant
+        r = run_site(page, server, "ffn", feeds, options={"variant": option} if option else {"startTier": False})
+        check_no_error(r)
+        assert r["variant"] == want, r
+        assert_close(decode_outputs(r)["y"], ref, name=f"ffn ({want})")
+
+
 START_TIER_JS = """async ({url, runtime, feeds, options}) => {
   const w = await import(runtime);
   const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));

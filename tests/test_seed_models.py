@@ -47,9 +47,11 @@ OUTPUT_HASHES = {
         # MiniLM's GPU layernorms and softmax rows changed on 3 Dec 2026 (256 / 128 invocations a row,
         # config.py revised from the H200 tuning table of the int8 MiniLM); its Q, K and V projections
         # became one product on 4 Dec 2026 (passes.combine_parallel_matmuls: a 128 x 1152 x 384 product,
-        # its biases added in the attention products' loads). MobileBERT's combined products kept its bits.
+        # its biases added in the attention products' loads). MobileBERT's combined products kept its bits;
+        # its feed-forward pairs became one chained-product dispatch each on 4 Dec 2026
+        # (passes.fuse_matmul_chains; the second product's K summed in 4 slices, as split-k's were not)
         "minilm": ("99696eea538bcff56740e9cd474cee96c7dc3428a2daaf61e47f6355044147eb",),
-        "mobilebert": ("565192d3d04382688e68b92041c77a08445a8daf9e35357a4a98014851a1c96c",),
+        "mobilebert": ("2ee4b897718a201a8644573e82a787541062ed5f81c07db58450597c4a125fd5",),
     },
 }
 

@@ -287,6 +287,9 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     stage[0] = "fuse"
     passes.fuse(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
                 table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)))
+    passes.fuse_matmul_chains(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
+                              table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)),
+                              shared_bytes=lim["max_compute_workgroup_storage_size"])
     passes.dce(prog)
     passes.pack_constants(prog)
     if "fuse" in dump_after:

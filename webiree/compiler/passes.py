@@ -33,7 +33,11 @@ an ungrouped Conv reading it as its weight one Conv per part of the output
 channels, and a Generic op concatenates their outputs. A constant read any
 other way stays whole, and the memory planner refuses it naming the limit.
 
-`combine_parallel_matmuls` runs after it: products of one A with constant Bs of their own
+`fuse_matmul_chains` runs after fusion: a product whose result only the next product reads
+(MobileBERT's feed-forward pairs, x @ W1 + b1, ReLU, @ W2 + b2 + x) becomes one MatMulChain, one
+dispatch whose intermediate stays in workgroup memory.
+
+`combine_parallel_matmuls` runs after split_large_constants: products of one A with constant Bs of their own
 (BERT's Q, K and V projections) become one product, their Bs side by side, and each original
 output a Generic op reading its columns, which fusion then computes inside its readers.
 
@@ -51,7 +55,7 @@ import numpy as np
 from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
-from ..ir.program import O, Anchor, Conv, Generic, MatMul, Program, Tensor
+from ..ir.program import O, Anchor, Conv, Generic, MatMul, MatMulChain, Program, Tensor
 from .memory import in_constant_table
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
@@ -404,6 +408,57 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
                 r.nodes = p.nodes + [n for n in r.nodes if n not in p.nodes]
             prog.ops.remove(p)
             readers = _readers(prog)
+    return prog
+
+
+# Chained products fused only where the intermediate is small: M x H values at most. A workgroup owns
+# whole rows of it, so a larger one makes fewer, longer workgroups than two products' tiles give a GPU
+# (MobileBERT's 128 x 512 intermediates qualify; MiniLM's 128 x 1,536 do not).
+CHAIN_INTERMEDIATE = 65536
+
+
+def fuse_matmul_chains(prog: Program, max_bindings: int, table_below: int, shared_bytes: int) -> Program:
+    """A product whose result only the next product reads as its A (a feed-forward block: x @ W1 +
+    b1, ReLU, then @ W2 + b2 + x) becomes one MatMulChain: the first product's epilogue is the
+    chain's `mid`, the second's its epilogue, and the intermediate lives in workgroup memory
+    (kernels/matmul_chain.py). Runs after fusion, on plain f32 2-D products with K, H and N
+    multiples of 4, no prologues, no alpha, where one row of A and one of the intermediate fit
+    `shared_bytes` of workgroup memory, the intermediate is at most CHAIN_INTERMEDIATE values
+    and the chain binds at most `max_bindings` buffers."""
+    outputs = {prog.root(o) for o in prog.outputs}
+    producer = {op.out: op for op in prog.ops}
+
+    def plain(op) -> bool:
+        return isinstance(op, MatMul) and not (op.int8 or op.batch or op.a_batch or op.b_batch or op.prologues
+                                               or op.trans_a or op.trans_b or op.alpha != 1.0) \
+            and all(isinstance(v, int) and v % 4 == 0 for v in (op.k, op.n)) and isinstance(op.m, int) \
+            and prog.tensors[op.out].dtype == "f32"
+
+    readers = _readers(prog)
+    for second in list(prog.ops):
+        if not plain(second):
+            continue
+        first = producer.get(prog.root(second.a))
+        if not plain(first) or first.out in outputs or first.n != second.k or first.m != second.m \
+                or [id(r) for r in readers.get(first.out, [])] != [id(second)] \
+                or prog.tensors[prog.root(first.a)].dtype != "f32" \
+                or _numel(prog.tensors[second.a].shape) != first.m * first.n \
+                or second.epilogue is not None and any(prog.root(ld.attr) == first.out
+                                                       for ld in kir.loads_of(second.epilogue)):
+            continue
+        m, k, h, n = first.m, first.k, first.n, second.n
+        if m * h > CHAIN_INTERMEDIATE or 4 * (k + h) > shared_bytes:
+            continue
+        chain = MatMulChain(name=f"{first.name}:chain", out=second.out, nodes=first.nodes + second.nodes,
+                            epilogue=second.epilogue, a=first.a, b1=first.b, b2=second.b, m=m, k=k, h=h, n=n,
+                            mid=first.epilogue)
+        if _bindings(prog, chain.reads(), table_below) + 1 > max_bindings:
+            continue
+        prog.ops[prog.ops.index(second)] = chain
+        prog.ops.remove(first)
+        del prog.tensors[first.out]
+        producer = {op.out: op for op in prog.ops}
+        readers = _readers(prog)
     return prog
 
 

@@ -12,6 +12,8 @@ Lowering maps every ONNX op onto these (DESIGN.md contract 2):
 - `Pool`     max / average / Lp pooling windows (+ epilogue).
 - `Reduce`   reduction of the middle axis of an [outer, R, inner] view, with
              kinds sum/max/min/prod/mean/... (+ epilogue).
+- `MatMulChain` two chained products in one dispatch, the first's result kept in
+             workgroup memory (a feed-forward block: compiler/passes.py fuse_matmul_chains).
 - `Softmax`  (log-)softmax over the middle axis of [outer, R, inner].
 - `LayerNorm` normalization over the last R elements with scale/bias.
 - `Loop`     a sequential fold per output element (at the end of this file).
@@ -204,6 +206,31 @@ class MatMul(Anchor):
 
 
 @dataclass
+class MatMulChain(Anchor):
+    """out = epilogue(mid(A @ B1) @ B2) for an f32 A [M, K], B1 [K, H], B2 [H, N] (row-major, no
+    batch): a feed-forward block whose intermediate [M, H] never reaches a buffer, since a workgroup
+    computes a few whole rows of it into workgroup memory and then their rows of the result
+    (kernels/matmul_chain.py). `mid` is the first product's fused epilogue, an expression of var
+    'acc' and of var 'o', the element's flat index in [M, H] (a bias and an activation); `epilogue`
+    is the second's, of 'acc' and 'o' in [M, N] (a bias, a residual, a scale)."""
+    a: str = ""
+    b1: str = ""
+    b2: str = ""
+    m: int = 0
+    k: int = 0
+    h: int = 0
+    n: int = 0
+    mid: Expr | None = None
+
+    def inputs(self):
+        return [self.a, self.b1, self.b2]
+
+    def reads(self):
+        out = super().reads()
+        return out + [r for r in _expr_reads(self.mid) if r not in out]
+
+
+@dataclass
 class Conv(Anchor):
     x: str = ""
     w: str = ""
@@ -335,6 +362,8 @@ def op_flops(op: Op) -> int:
     declared size); 0 otherwise."""
     if isinstance(op, MatMul):
         return upper(2 * max(upper(numel(op.batch)), 1) * op.m * op.n * op.k)
+    if isinstance(op, MatMulChain):
+        return upper(2 * op.m * op.h * (op.k + op.n))
     if isinstance(op, Conv):
         n, m = op.out_shape[0], op.out_shape[1]
         return upper(2 * n * m * numel(op.out_shape[2:]) * op.w_shape[1] * numel(op.w_shape[2:]))

@@ -19,7 +19,8 @@ from ..ir.sym import Dim, typical
 from ..ir import kir
 from ..ir import program as P
 from .kernels import check
-from .kernels.common import ConvTile, KernelConfig, MatmulTile, RowBlockTile
+from .kernels import matmul_chain
+from .kernels.common import ChainTile, ConvTile, KernelConfig, MatmulTile, RowBlockTile
 from .kernels.common import Strategy as S
 from .kernels.matmul import matmul_vec4_ok
 
@@ -273,12 +274,70 @@ def _range_pack(op, limits: dict):
         wg *= 2
 
 
+def _chain_subgroup(op: P.MatMulChain, limits: dict):
+    # CPU adapters with subgroups: the workgroup is the subgroup, A (then the intermediate) broadcast
+    # from it, up to 16 rows a workgroup x 1 vec4 slot an invocation (as the subgroup-broadcast
+    # product's best blocks on lavapipe: each loaded vec4 of B serves every row), fewer rows where
+    # the model offers fewer than 4 workgroups, and as many as workgroup memory holds whole rows of
+    # the intermediate for (MobileBERT's: 8 rows in 16 KiB, 16 in 32); in parts of H only where not
+    # one row fits. On lavapipe the feed-forward block of MobileBERT ran 1.06x as fast with 8 rows
+    # as with 16 in 4 parts (the parts' partial sums go through workgroup memory).
+    # Start tier: START_ROWS x START_COLS.
+    sg = limits["subgroup_size"]
+    rows = [r for r in (16, 8, 4, 2) if -(-op.m // r) >= 4] + [1]
+    rn = 1
+    if _start_tier(limits):
+        rows, rn = [r for r in rows if r <= START_ROWS], START_COLS
+    elif sg <= 4:
+        rows = [r for r in rows if r <= SMALL_SUBGROUP_ROWS]
+    for parts in (1, 2, 4, 8):
+        for r in rows:
+            cfg = KernelConfig((sg, 1, 1), ChainTile(r, rn, 1, 1, parts), 4, S.CHAIN_SUBGROUP)
+            steps = -(-op.h // 4 // parts // (sg * rn)) * -(-op.k // (4 * sg)) + \
+                -(-op.n // 4 // (sg * rn)) * -(-op.h // parts // (4 * sg))
+            if matmul_chain.check(op, cfg, limits) is None and parts * (steps + 2) <= SERIAL_LOOP_ITERATIONS:
+                return cfg
+    return None
+
+
+def _chain_shared(op: P.MatMulChain, limits: dict):
+    # GPUs: 128 invocations, 2 rows of A a workgroup (MobileBERT's 128-row products: 64
+    # workgroups, each reading B1 and B2 once), the second product's H split over as many slices
+    # as leave one vec4 of N per invocation, loops stepping 4 vec4s. On the H200 MobileBERT's 96
+    # chains took 1.785 ms this way, the tuning table's best (256 invocations, 8 slices) 1.755 ms
+    # (benchmarks/tuning/h200-mobilebert.json); 2 rows 0.92x the time of 4, 0.66x that of 1.
+    # CPU adapters without subgroups: 8 invocations, 2 slots each of up to 8 rows, fewer where
+    # workgroup memory or the workgroup count (at least 4) asks. The first configuration the
+    # limits allow; 1 row, 1 slot last.
+    inv = min(limits["max_compute_invocations_per_workgroup"], limits["max_compute_workgroup_size_x"])
+    n4, h4, k4 = op.n // 4, op.h // 4, op.k // 4
+
+    def unroll(z):
+        return next(u for u in (4, 2, 1) if k4 % u == 0 and (h4 // z) % u == 0)
+    if limits.get("device_class") == "cpu":
+        rows = [r for r in (8, 4, 2) if -(-op.m // r) >= 4] + [1]
+        if _start_tier(limits):
+            rows = [r for r in rows if r <= START_ROWS]
+        tries = [((8, 1, 1), ChainTile(r, 1 if _start_tier(limits) else 2, 1, 1)) for r in rows]
+    else:
+        t = _pow2_at_most(128, inv)
+        z = next((z for z in (8, 4, 2) if t % z == 0 and h4 % z == 0 and (t // z) >= n4), 1)
+        tries = [((t, 1, 1), ChainTile(r, 1, z, unroll(z))) for r in (2, 1)] + [((t, 1, 1), ChainTile(1, 1, 1, unroll(1)))]
+    tries.append(((_pow2_at_most(64, inv), 1, 1), ChainTile(1, 1, 1, 1)))
+    for wg, tile in tries:
+        cfg = KernelConfig(wg, tile, 4, S.CHAIN_SHARED)
+        chunks = -(-h4 // (wg[0] * tile.cols)) * k4 + -(-n4 // (wg[0] // tile.slices * tile.cols)) * (h4 // tile.slices)
+        if matmul_chain.check(op, cfg, limits) is None and chunks <= SERIAL_LOOP_ITERATIONS:
+            return cfg
+    raise LimitsError(f"{op.name}: no chained-product kernel fits this adapter's limits")
+
+
 PLANNERS = {
     S.SUBGROUP_BROADCAST: _subgroup_broadcast, S.REGISTER_BLOCKED: _register_blocked, S.SPLIT_K: _split_k,
     S.TILED_SHARED_VEC4: _tiled_shared_vec4, S.TILED_SHARED: _tiled_shared, S.ROW_BLOCK: _row_block,
     S.DIRECT: _direct, S.ROW_PER_INVOCATION: _row_per_invocation, S.WORKGROUP_TREE: _workgroup_tree,
     S.WINDOW: _one_per_output(S.WINDOW), S.ELEMENTWISE: _one_per_output(S.ELEMENTWISE),
-    S.RANGE_PACK: _range_pack,
+    S.RANGE_PACK: _range_pack, S.CHAIN_SHARED: _chain_shared, S.CHAIN_SUBGROUP: _chain_subgroup,
 }
 
 # op kind -> device class -> strategies, most preferred first. An adapter of unknown class
@@ -295,6 +354,7 @@ TABLE = {
     P.Generic: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
     P.Loop: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
     P.QuantizeWords: {"cpu": (S.RANGE_PACK,), "gpu": (S.RANGE_PACK,)},
+    P.MatMulChain: {"cpu": (S.CHAIN_SUBGROUP, S.CHAIN_SHARED), "gpu": (S.CHAIN_SHARED,)},
 }
 
 

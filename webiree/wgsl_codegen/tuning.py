@@ -58,6 +58,8 @@ def problem_key(op: P.Op) -> str | None:
         return f"{v.kind}{mode} o{v.outer} r{v.r} i{getattr(v, 'inner', 1)}"
     if isinstance(v, P.QuantizeWords):
         return f"quantizewords n{v.n}"
+    if isinstance(v, P.MatMulChain):
+        return f"matmulchain m{v.m} k{v.k} h{v.h} n{v.n}"
     if isinstance(v, P.Pool):
         return f"pool {v.mode} x{'x'.join(map(str, v.x_shape))} k{'x'.join(map(str, v.kernel))} " \
                f"s{'x'.join(map(str, v.strides))}"
@@ -138,6 +140,25 @@ def _rows_candidates(v, limits: dict):
             yield KernelConfig((wg, 1, 1), (), 1, S.WORKGROUP_TREE)
 
 
+def _chain_candidates(v: P.MatMulChain, limits: dict):
+    """GPU-like (many invocations, H split for the second product) and CPU-like (a subgroup-wide
+    workgroup, register blocks) configurations; `check` keeps those the sizes allow."""
+    for t in (64, 128, 256):
+        for r in (1, 2, 4):
+            for z in (1, 2, 4, 8):
+                for u in (1, 4):
+                    yield KernelConfig((t, 1, 1), (r, 1, z, u), 4, S.CHAIN_SHARED)
+    sg = limits.get("subgroup_size", 0)
+    for r in (2, 4, 8):
+        for rn in (1, 2, 4):
+            yield KernelConfig((8, 1, 1), (r, rn, 1, 1), 4, S.CHAIN_SHARED)
+    if sg in (4, 8, 16):
+        for r in (4, 8, 16):
+            for rn in (1, 2, 4):
+                for parts in (1, 2, 4, 8):
+                    yield KernelConfig((sg, 1, 1), (r, rn, 1, 1, parts), 4, S.CHAIN_SUBGROUP)
+
+
 def _range_pack_candidates(v: P.QuantizeWords, limits: dict):
     """Workgroup sizes x words per invocation: fewer, fuller workgroups re-read x less often."""
     n4 = v.n // 4
@@ -162,6 +183,8 @@ def candidates(op: P.Op, prog: P.Program, limits: dict) -> list[KernelConfig]:
         more = _rows_candidates(v, limits)
     elif isinstance(v, P.QuantizeWords):
         more = _range_pack_candidates(v, limits)
+    elif isinstance(v, P.MatMulChain):
+        more = _chain_candidates(v, limits)
     elif isinstance(v, P.Pool):
         more = (KernelConfig((wg, 1, 1), (), 1, S.WINDOW) for wg in (32, 64, 128, 256))
     else:
@@ -170,7 +193,7 @@ def candidates(op: P.Op, prog: P.Program, limits: dict) -> list[KernelConfig]:
     seen = {_config_key(out[0])}
     for cfg in more:
         key = _config_key(cfg)
-        if key not in seen and _fits(cfg, limits) and check(cfg.strategy, v, limits) is None:
+        if key not in seen and _fits(cfg, limits) and check(cfg.strategy, v, limits, cfg) is None:
             seen.add(key)
             out.append(cfg)
     return out
@@ -225,9 +248,9 @@ class Table:
         if cfg is None:
             return None, "absent"
         v = planning_view(op)
-        subgroups_differ = cfg.strategy == S.SUBGROUP_BROADCAST and \
+        subgroups_differ = cfg.strategy in (S.SUBGROUP_BROADCAST, S.CHAIN_SUBGROUP) and \
             limits.get("subgroup_size", 0) != cfg.workgroup_size[0]
-        if subgroups_differ or not _fits(cfg, limits) or check(cfg.strategy, v, limits) is not None:
+        if subgroups_differ or not _fits(cfg, limits) or check(cfg.strategy, v, limits, cfg) is not None:
             return None, "unfit"
         return KernelConfig(**cfg.as_dict()), "used"
 

@@ -9,6 +9,7 @@ WGSL by wgsl.py and to SPIR-V by spirv.py.
 |-----------------|----------------------|-----------------|
 | elementwise     | Generic              | elementwise.py  |
 | matmul          | MatMul               | matmul.py       |
+| chained products | MatMulChain         | matmul_chain.py |
 | int8 products   | MatMul (int8), QuantizeWords | matmul_int8.py |
 | convolution     | Conv                 | conv.py         |
 | pool / reduce   | Pool, Reduce         | pool_reduce.py  |
@@ -22,12 +23,13 @@ from ...errors import LimitsError
 from ...ir import kir
 from ...ir import program as P
 from ...errors import CompilerBug
-from . import conv, matmul
+from . import conv, matmul, matmul_chain
 from .common import Binder, Dispatch, KernelConfig, Strategy, grid_for
 from .conv import build_conv
 from .elementwise import build_generic
 from .loop import build_loop
 from .matmul import build_matmul
+from .matmul_chain import build_matmul_chain
 from .matmul_int8 import build_quantize_words
 from .norm_softmax import build_layernorm, build_softmax
 from .pool_reduce import build_pool, build_reduce
@@ -36,12 +38,19 @@ from .pool_reduce import build_pool, build_reduce
 BUILDERS = {
     P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
     P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm, P.Loop: build_loop,
-    P.QuantizeWords: build_quantize_words,
+    P.QuantizeWords: build_quantize_words, P.MatMulChain: build_matmul_chain,
 }
 
 
-def check(strategy: Strategy, op: P.Op, limits: dict) -> str | None:
-    """Why `strategy` cannot build `op` on a target with these limits (None: it can)."""
+def check(strategy: Strategy, op: P.Op, limits: dict, cfg: KernelConfig | None = None) -> str | None:
+    """Why `strategy` cannot build `op` on a target with these limits (None: it can); where the
+    answer depends on the sizes (a chain's workgroup memory), also why `cfg` cannot."""
+    if isinstance(op, P.MatMulChain):
+        if strategy not in (Strategy.CHAIN_SHARED, Strategy.CHAIN_SUBGROUP):
+            return "is not a strategy of chained products"
+        if strategy == Strategy.CHAIN_SUBGROUP and limits.get("subgroup_size", 0) not in (4, 8, 16):
+            return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"
+        return matmul_chain.check(op, cfg, limits) if cfg is not None else None
     if isinstance(op, P.MatMul):
         return matmul.check(strategy, op, limits)
     if isinstance(op, P.Conv):
@@ -50,7 +59,7 @@ def check(strategy: Strategy, op: P.Op, limits: dict) -> str | None:
 
 
 def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatch:
-    why = check(cfg.strategy, op, limits)
+    why = check(cfg.strategy, op, limits, cfg)
     if why:
         raise CompilerBug(f"dispatch {op.name}: the {cfg.strategy.value} kernel {why}",
                           hint="a tuning table or forced configuration chose a strategy this op cannot use")

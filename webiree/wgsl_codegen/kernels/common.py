@@ -33,6 +33,8 @@ class Strategy(str, enum.Enum):
     WORKGROUP_TREE = "workgroup-tree"            # reduce, softmax, layernorm: a row per workgroup
     ROW_PER_INVOCATION = "row-per-invocation"    # softmax, layernorm, CPU adapters
     RANGE_PACK = "range-pack"                    # DynamicQuantizeLinear's range + words (QuantizeWords)
+    CHAIN_SHARED = "chain-shared"                # MatMulChain: rows of the intermediate in workgroup memory
+    CHAIN_SUBGROUP = "chain-subgroup"            # MatMulChain, CPU adapters with subgroups: A broadcast
 
 
 class MatmulTile(NamedTuple):
@@ -53,13 +55,22 @@ class RowBlockTile(NamedTuple):
     width: int                   # consecutive outputs of a row one invocation computes
 
 
+class ChainTile(NamedTuple):
+    rows: int                    # chain-shared, chain-subgroup: rows of A a workgroup owns,
+    cols: int                    # vec4 column slots an invocation computes at once,
+    slices: int                  # parts of H the second product's invocations split (partial sums),
+    unroll: int                  # vec4s of K (of H) a loop iteration takes,
+    parts: int = 1               # chain-subgroup: parts of H computed one after the other
+
+
 class PackTile(NamedTuple):
     words: int                   # range-pack: words one invocation packs
 
 
 TILES = {Strategy.SUBGROUP_BROADCAST: MatmulTile, Strategy.REGISTER_BLOCKED: MatmulTile,
          Strategy.SPLIT_K: MatmulTile, Strategy.TILED_SHARED_VEC4: MatmulTile, Strategy.TILED_SHARED: MatmulTile,
-         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile, Strategy.RANGE_PACK: PackTile}
+         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile, Strategy.RANGE_PACK: PackTile,
+         Strategy.CHAIN_SHARED: ChainTile, Strategy.CHAIN_SUBGROUP: ChainTile}
 
 
 @dataclass
@@ -312,14 +323,19 @@ def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr, splits=()) -> 
     0 <= remainder < divisor (a matmul's row and column): the epilogue's o // divisor and
     o % divisor become those, so a bias read costs no division (a symbolic divisor would make it
     a real one, per element)."""
-    if op.epilogue is None:
+    return apply_epilogue(op.epilogue, b, acc, o, splits)
+
+
+def apply_epilogue(expr: kir.Expr | None, b: Binder, acc: kir.Expr, o: kir.Expr, splits=()) -> kir.Expr:
+    """`epilogue` for an epilogue expression of its own (a chain's first product's, `mid`)."""
+    if expr is None:
         return acc
     mapping = {P.acc_var(acc.dtype): acc, O: o}
     for quotient, remainder, divisor in splits:
         d = kir.as_expr(divisor, "i32")
         _rule(mapping, kir.binary("div", O, d), quotient)
         _rule(mapping, kir.binary("mod", O, d), remainder)
-    return kir.substitute(b.expr(op.epilogue), mapping)
+    return kir.substitute(b.expr(expr), mapping)
 
 
 def window_loops(kdims, strides, dilations, pads, in_sp, out_coords, inner_fn, out_sp=None, unroll_max=3):
