@@ -35,7 +35,7 @@ TOLERANCE = 1e-4
 
 def build(src: Path, onnx_path: Path, out: Path) -> None:
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    p = subprocess.run([sys.executable, "-m", "webiree.cli", "build", str(onnx_path), "--out", str(out)],
+    p = subprocess.run([sys.executable, "-m", "webiree.cli", "build", str(onnx_path.resolve()), "--out", str(out.resolve())],
                        cwd=src, env=env, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"build with {src} failed:\n{p.stderr[-2000:]}")
