@@ -160,12 +160,14 @@ def test_vec4_tiled_matmul(sa, sb, check):
 
 def test_small_gpu_matmul_takes_the_scalar_tiles(check):
     """Too few vec4 tiles to fill a GPU and K too short to split: the scalar kernel's smaller tiles."""
-    assert strategies(check(single("MatMul", [[128, 128], [128, 128]], [128, 128]))) == ["tiled-shared"]
+    assert strategies(check(single("MatMul", [[128, 96], [96, 128]], [128, 128]))) == ["tiled-shared"]
+    assert strategies(check(single("MatMul", [[128, 160], [160, 128]], [128, 128]))) == ["tiled-shared"]
 
 
 @pytest.mark.parametrize("sa,sb,tb", [([128, 512], [512, 128], 0),   # BERT's bottleneck product
                                       ([37, 300], [29, 300], 1),     # B transposed, tiles and K ragged
-                                      ([4, 20, 260], [260, 12], 0)]) # batched
+                                      ([4, 20, 260], [260, 12], 0),  # batched
+                                      ([128, 128], [128, 256], 0)])  # K = 128 (config.SPLIT_K_SHORT)
 def test_split_k_matmul(sa, sb, tb, check):
     rng = np.random.default_rng(9)
     n = sb[-2] if tb else sb[-1]

@@ -116,11 +116,21 @@ def _register_blocked(op: P.MatMul, limits: dict):
     return KernelConfig((wx, 1, 1), MatmulTile(rm, rn, 4 if op.k >= 4 else 1), vec, S.REGISTER_BLOCKED)
 
 
+# A K shorter than 256 that is split across slices too (f32 products): on the H200 every product of
+# K = 128 with at most 65,536 outputs the tables hold ran faster split (8 x 8 x 4, K steps of 16) than
+# in tiled-shared 16 x 16 tiles: MobileBERT's 128 x 128 / 256 / 512 products 0.71x / 0.70x / 0.85x, its
+# attention x V (4 heads of 128 x 32) 0.72x, MiniLM's (12 heads) 0.85x and the int8 MiniLM's 0.55x
+# (benchmarks/tuning/h200-mobilebert.json, h200-minilm.json, h200-minilm_int8.json). K between 128 and
+# 256 is in no table (MobileNetV2's 1x1 convolutions of K = 144-192 keep their tiles until one measures
+# them), nor an integer product shorter than 256.
+SPLIT_K_SHORT = 128
+
+
 def _split_k(op: P.MatMul, limits: dict):
     # a small output with a long K (BERT's 128 x 512 x 128) makes too few output tiles to fill a
     # GPU: split K over 4 slices of 8 x 8 invocations (faster on the H200 per
     # benchmarks/matmul_variants.py).
-    if op.k >= 256 and op.m * op.n <= 65536:
+    if (op.k >= 256 or (op.k == SPLIT_K_SHORT and not op.int8)) and op.m * op.n <= 65536:
         return KernelConfig((8, 8, 4), MatmulTile(1, 1, INT8_K_STEP if op.int8 else 16), 1, S.SPLIT_K)
     return None
 
