@@ -1,7 +1,7 @@
 """Two chained products in one dispatch (ir/program.py MatMulChain; compiler/passes.py
 fuse_matmul_chains): out = epilogue(mid(A @ B1) @ B2), MobileBERT's feed-forward pairs.
 
-A workgroup of T invocations owns R consecutive rows of A (`ChainTile`):
+A workgroup of T invocations owns R consecutive rows of A (`ChainTile`). In `chain-shared`:
 
 1. it copies A's R rows into workgroup memory (`As`, vec4s along K);
 2. each invocation computes vec4 column slots of the intermediate, RN at a time (slots
@@ -14,12 +14,16 @@ A workgroup of T invocations owns R consecutive rows of A (`ChainTile`):
 `chain-subgroup` (CPU adapters whose workgroup is one subgroup, as kernels/matmul.py's
 subgroup-broadcast product) keeps no copy of A: each invocation loads one vec4 of a row's next 4 x S
 values of K (of the intermediate's row from `Hs` in step 3) and subgroupBroadcast hands it to all,
-so workgroup memory holds only the intermediate, and twice the rows fit (8 of MobileBERT's in
-WebGPU's default 16 KiB, each vec4 of B then serving 8 rows).
+so workgroup memory holds only the intermediate, and more rows fit (8 of MobileBERT's in
+WebGPU's default 16 KiB, each vec4 of B then serving 8 rows). With `parts` > 1 it computes the
+intermediate a part of H at a time, the result's partial sums kept in workgroup memory (`Ys`)
+between parts (slower on lavapipe than fewer rows in one part: config.py chooses parts only where
+not one row fits).
 
 The intermediate never reaches a buffer: one dispatch instead of two, B1 and B2 read once per
 workgroup (from the cache on every adapter we run on), every load a vec4 (K, H and N are
-multiples of 4: the pass checks). The K and H loops step `unroll` vec4s at a time.
+multiples of 4: the pass checks). chain-shared's K and H loops step `unroll` vec4s at a time.
+A residual of A in the second epilogue is read from a vec4 of A (`_residual`).
 """
 
 from __future__ import annotations
