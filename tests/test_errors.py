@@ -175,10 +175,15 @@ def test_cli_build_run_inspect(capsys, tmp_path):
     assert rc == 0 and "dispatches: 9" in out
 
 
-def test_inspect_into_a_closed_pipe(built):
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_inspect_into_a_closed_pipe(built, unbuffered):
     """`webiree inspect DIR | head -1`: the reader gone before we write is no error of ours (exit 0,
-    nothing on stderr: no 'internal error', no 'Exception ignored' at the final flush)."""
-    p = subprocess.Popen([sys.executable, "-m", "webiree.cli", "inspect", str(built)],
+    nothing on stderr: no 'internal error', no 'Exception ignored' at the final flush), whether
+    stdout is unbuffered or block-buffered (then the write happens at the flush)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    p = subprocess.Popen([sys.executable, "-m", "webiree.cli", "inspect", str(built)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     p.stdout.close()        # the reader leaves before the first line is written
     err = p.stderr.read()

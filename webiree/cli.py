@@ -287,7 +287,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        rc = args.fn(args)
+        sys.stdout.flush()      # a reader gone early fails here, in the handlers below, not at exit
+        return rc
     except WebireeError as e:
         if args.debug:
             raise

@@ -432,7 +432,7 @@ def fuse_matmul_chains(prog: Program, max_bindings: int, table_below: int, share
         return isinstance(op, MatMul) and not (op.int8 or op.batch or op.a_batch or op.b_batch or op.prologues
                                                or op.trans_a or op.trans_b or op.alpha != 1.0) \
             and all(isinstance(v, int) and v % 4 == 0 for v in (op.k, op.n)) and isinstance(op.m, int) \
-            and prog.tensors[op.out].dtype == "f32"
+            and all(prog.tensors[prog.root(t)].dtype == "f32" for t in (op.a, op.b, op.out))
 
     readers = _readers(prog)
     for second in list(prog.ops):
@@ -441,7 +441,6 @@ def fuse_matmul_chains(prog: Program, max_bindings: int, table_below: int, share
         first = producer.get(prog.root(second.a))
         if not plain(first) or first.out in outputs or first.n != second.k or first.m != second.m \
                 or [id(r) for r in readers.get(first.out, [])] != [id(second)] \
-                or prog.tensors[prog.root(first.a)].dtype != "f32" \
                 or _numel(prog.tensors[second.a].shape) != first.m * first.n \
                 or second.epilogue is not None and any(prog.root(ld.attr) == first.out
                                                        for ld in kir.loads_of(second.epilogue)):

@@ -305,7 +305,7 @@ def _chain_subgroup(op: P.MatMulChain, limits: dict):
             cfg = KernelConfig((sg, 1, 1), ChainTile(r, rn, 1, 1, parts), 4, S.CHAIN_SUBGROUP)
             steps = -(-op.h // 4 // parts // (sg * rn)) * -(-op.k // (4 * sg)) + \
                 -(-op.n // 4 // (sg * rn)) * -(-op.h // parts // (4 * sg))
-            if matmul_chain.check(op, cfg, limits) is None and parts * (steps + 2) <= SERIAL_LOOP_ITERATIONS:
+            if matmul_chain.check(cfg.strategy, op, limits, cfg) is None and parts * (steps + 2) <= SERIAL_LOOP_ITERATIONS:
                 return cfg
     return None
 
@@ -337,7 +337,7 @@ def _chain_shared(op: P.MatMulChain, limits: dict):
     for wg, tile in tries:
         cfg = KernelConfig(wg, tile, 4, S.CHAIN_SHARED)
         chunks = -(-h4 // (wg[0] * tile.cols)) * k4 + -(-n4 // (wg[0] // tile.slices * tile.cols)) * (h4 // tile.slices)
-        if matmul_chain.check(op, cfg, limits) is None and chunks <= SERIAL_LOOP_ITERATIONS:
+        if matmul_chain.check(cfg.strategy, op, limits, cfg) is None and chunks <= SERIAL_LOOP_ITERATIONS:
             return cfg
     raise LimitsError(f"{op.name}: no chained-product kernel fits this adapter's limits")
 

@@ -46,11 +46,7 @@ def check(strategy: Strategy, op: P.Op, limits: dict, cfg: KernelConfig | None =
     """Why `strategy` cannot build `op` on a target with these limits (None: it can); where the
     answer depends on the sizes (a chain's workgroup memory), also why `cfg` cannot."""
     if isinstance(op, P.MatMulChain):
-        if strategy not in (Strategy.CHAIN_SHARED, Strategy.CHAIN_SUBGROUP):
-            return "is not a strategy of chained products"
-        if strategy == Strategy.CHAIN_SUBGROUP and limits.get("subgroup_size", 0) not in (4, 8, 16):
-            return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"
-        return matmul_chain.check(op, cfg, limits) if cfg is not None else None
+        return matmul_chain.check(strategy, op, limits, cfg)
     if isinstance(op, P.MatMul):
         return matmul.check(strategy, op, limits)
     if isinstance(op, P.Conv):

@@ -45,13 +45,20 @@ def shared_bytes(op: P.MatMulChain, cfg) -> int:
     return 4 * rows * (op.k + op.h) + red
 
 
-def check(op: P.MatMulChain, cfg, limits: dict) -> str | None:
-    """Why this configuration cannot build the chain on this target (None: it can)."""
+def check(strategy: Strategy, op: P.MatMulChain, limits: dict, cfg=None) -> str | None:
+    """Why `strategy` (and, given, this configuration of it) cannot build the chain on this target
+    (None: it can)."""
+    sub = strategy == Strategy.CHAIN_SUBGROUP
+    if strategy not in (Strategy.CHAIN_SHARED, Strategy.CHAIN_SUBGROUP):
+        return "is not a strategy of chained products"
+    if sub and limits.get("subgroup_size", 0) not in (4, 8, 16):
+        return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"
+    if cfg is None:
+        return None
     t = cfg.workgroup_size[0]
     rows, cols, slices, unroll, parts = cfg.tile
-    sub = cfg.strategy == Strategy.CHAIN_SUBGROUP
-    if sub and (limits.get("subgroup_size", 0) != t or t not in (4, 8, 16)):
-        return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"
+    if sub and limits["subgroup_size"] != t:
+        return f"needs a workgroup of the subgroup's {limits['subgroup_size']} invocations"
     if sub and (slices != 1 or unroll != 1):
         return "neither splits H nor unrolls (its K steps are 4 x the subgroup size)"
     if (op.h // 4) % parts or (parts > 1 and not sub):
