@@ -268,6 +268,29 @@ def test_chained_products_in_every_variant(page, server, sites):
         assert_close(decode_outputs(r)["y"], ref, name=f"ffn ({want})")
 
 
+def test_fused_attention_in_every_variant(page, server, sites):
+    """Scaled dot-product attention as one dispatch (kernels/attention.py) on SwiftShader in each
+    kernel variant: attention-subgroup with subgroups of 4 in 'cpu-sg4' (the one picked),
+    attention-online in 'gpu' and 'cpu', against onnxruntime: rows, keys and head sizes off the
+    blocks, rows whose every key is masked with -inf (0 after the NaN guard)."""
+    import numpy as np
+
+    from webiree.testing.models import sdpa_block
+    model = sdpa_block(2, 3, 33, 45, 20, 12)
+    res = webiree.compile(model, sites[0] / "sdpa")
+    by_variant = {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
+    feeds = sample_inputs(model)
+    feeds["mask"][0, 0, :3, :] = -np.inf
+    ref = ort_run(model, feeds)[0]
+    for option, want, strategy in ((None, "cpu-sg4", "attention-subgroup"), ("gpu", "gpu", "attention-online"),
+                                   ("cpu", "cpu", "attention-online")):
+        assert by_variant[want] == [strategy], by_variant
+        r = run_site(page, server, "sdpa", feeds, options={"variant": option} if option else {"startTier": False})
+        check_no_error(r)
+        assert r["variant"] == want, r
+        assert_close(decode_outputs(r)["y"], ref, name=f"sdpa ({want})")
+
+
 START_TIER_JS = """async ({url, runtime, feeds, options}) => {
   const w = await import(runtime);
   const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));

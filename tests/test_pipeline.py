@@ -353,24 +353,24 @@ def _attention_block(tied_v: bool = False, f16_q: bool = False):
 def test_parallel_projections_are_one_product(tmp_path):
     """The Q, K and V projections of one hidden state are one product of their weights side by
     side (passes.combine_parallel_matmuls); each projection's bias and head transposes are computed
-    in the loads of the product that reads it: QKV, scores, softmax, x V and the heads' transpose
-    back, five dispatches where there were seven. A weight read twice (V's tied to K's) is not
+    in the loads of the dispatch that reads it: QKV, the fused attention (scores, softmax, x V:
+    passes.fuse_attention) and the heads' transpose back, three dispatches where there were seven. A weight read twice (V's tied to K's) is not
     copied: only Q would be left, so nothing combines. A weight stored as halves combines only
     with others stored so: K and V combine, Q stays alone (and weights.bin stays the size of the
     weights as stored)."""
     res = check_model(_attention_block(), tmp_path / "a")
-    assert [d.kind for d in res.dispatches] == ["matmul", "matmul", "softmax", "matmul", "generic"], \
+    assert [d.kind for d in res.dispatches] == ["matmul", "attention", "generic"], \
         [(d.kind, d.nodes) for d in res.dispatches]
     assert res.dispatches[0].nodes == ["MatMul_0", "MatMul_4", "MatMul_8"], res.dispatches[0].nodes
     combined = [t for t in res.program.tensors.values() if t.name.endswith(":combined") and t.kind == "const"]
     assert [t.shape for t in combined] == [(16, 48)], [(t.name, t.shape) for t in combined]
     tied = check_model(_attention_block(tied_v=True), tmp_path / "b")
-    assert [d.kind for d in tied.dispatches] == ["matmul"] * 4 + ["softmax", "matmul", "generic"], \
+    assert [d.kind for d in tied.dispatches] == ["matmul"] * 3 + ["attention", "generic"], \
         [(d.kind, d.nodes) for d in tied.dispatches]
     combined = [t for t in tied.program.tensors.values() if t.name.endswith(":combined") and t.kind == "const"]
     assert combined == [], [(t.name, t.shape) for t in combined]
     half = check_model(_attention_block(f16_q=True), tmp_path / "c")
-    assert [d.kind for d in half.dispatches] == ["matmul"] * 3 + ["softmax", "matmul", "generic"], \
+    assert [d.kind for d in half.dispatches] == ["matmul"] * 2 + ["attention", "generic"], \
         [(d.kind, d.nodes) for d in half.dispatches]
     combined = {t.name: (t.shape, t.pack) for t in half.program.tensors.values()
                 if t.name.endswith(":combined") and t.kind == "const"}

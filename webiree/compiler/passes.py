@@ -35,7 +35,8 @@ other way stays whole, and the memory planner refuses it naming the limit.
 
 `fuse_matmul_chains` runs after fusion: a product whose result only the next product reads
 (MobileBERT's feed-forward pairs, x @ W1 + b1, ReLU, @ W2 + b2 + x) becomes one MatMulChain, one
-dispatch whose intermediate stays in workgroup memory.
+dispatch whose intermediate stays in workgroup memory. `fuse_attention` then makes Q Kᵀ (with its
+fused mask and scale), the softmax over the keys and the product with V one Attention dispatch.
 
 `combine_parallel_matmuls` runs after split_large_constants: products of one A with constant Bs of their own
 (BERT's Q, K and V projections) become one product, their Bs side by side, and each original
@@ -55,7 +56,7 @@ import numpy as np
 from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
-from ..ir.program import O, Anchor, Conv, Generic, MatMul, MatMulChain, Program, Tensor
+from ..ir.program import O, Anchor, Attention, Conv, Generic, MatMul, MatMulChain, Program, Softmax, Tensor, acc_var
 from .memory import in_constant_table
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
@@ -456,6 +457,79 @@ def fuse_matmul_chains(prog: Program, max_bindings: int, table_below: int, share
         prog.ops[prog.ops.index(second)] = chain
         prog.ops.remove(first)
         del prog.tensors[first.out]
+        producer = {op.out: op for op in prog.ops}
+        readers = _readers(prog)
+    return prog
+
+
+# Head sizes up to this many values fused into one Attention dispatch: an invocation holds its
+# query row and its output row in registers (kernels/attention.py).
+ATTENTION_HEAD_MAX = 128
+
+
+def nan_guard() -> kir.Expr:
+    """`Where(IsNaN(p), 0, p)` as a softmax's fused epilogue (what PyTorch's exporter writes after
+    the softmax of scaled_dot_product_attention)."""
+    acc = acc_var("f32")
+    return kir.select(kir.unary("isnan", acc), kir.f32(0.0), acc)
+
+
+def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Program:
+    """Q @ Kt (its prologues and its epilogue: the heads' transposes, a scale, a mask), a softmax
+    over its last axis and the product of the probabilities with V become one Attention
+    (kernels/attention.py), where the scores and the probabilities are read by nothing else, every
+    tensor is f32, the softmax's epilogue is absent or the NaN guard (`nan_guard`), the head sizes
+    D and DV are at most ATTENTION_HEAD_MAX, and the dispatch binds at most `max_bindings`
+    buffers. Runs after fusion; the driver runs it for every target but a CPU-class one without
+    subgroups, where the fused kernel (attention-online) took 2.7x the three dispatches' time on
+    lavapipe (with subgroups, attention-subgroup takes half of theirs)."""
+    outputs = {prog.root(o) for o in prog.outputs}
+    producer = {op.out: op for op in prog.ops}
+    readers = _readers(prog)
+    guard = nan_guard()
+
+    def only_reader(t, op) -> bool:
+        return t not in outputs and [id(r) for r in readers.get(t, [])] == [id(op)]
+
+    def dtype(op, t) -> str:     # an input's element type, also where a prologue computes it
+        return op.prologues[t].dtype if t in op.prologues else prog.tensors[prog.root(t)].dtype
+
+    def plain(op) -> bool:
+        return isinstance(op, MatMul) and not (op.int8 or op.trans_a or op.trans_b) \
+            and prog.tensors[op.out].dtype == "f32" and dtype(op, op.a) == dtype(op, op.b) == "f32"
+
+    for pv in list(prog.ops):
+        if not plain(pv) or pv.a in pv.prologues or pv.alpha != 1.0:
+            continue
+        sm = producer.get(prog.root(pv.a))
+        if not isinstance(sm, Softmax) or sm.log or sm.inner != 1 or sm.prologues \
+                or sm.epilogue not in (None, guard) or not only_reader(sm.out, pv):
+            continue
+        qk = producer.get(prog.root(sm.x))
+        if not plain(qk) or not only_reader(qk.out, sm) or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
+                or tuple(qk.batch) != tuple(pv.batch) or tuple(pv.a_batch) != tuple(pv.batch) \
+                or not isinstance(qk.k, int) or not isinstance(pv.n, int) \
+                or qk.k > ATTENTION_HEAD_MAX or pv.n > ATTENTION_HEAD_MAX:
+            continue
+        gone = {qk.out, sm.out}
+        if any(prog.root(ld.attr) in gone for e in (qk.epilogue, pv.epilogue) if e is not None
+               for ld in kir.loads_of(e)):
+            continue
+        prologues = dict(qk.prologues)
+        if pv.b in pv.prologues:
+            prologues[pv.b] = pv.prologues[pv.b]
+        att = Attention(name=f"{qk.name}:attention", out=pv.out, nodes=qk.nodes + sm.nodes + pv.nodes,
+                        epilogue=pv.epilogue, prologues=prologues,
+                        q=qk.a, kt=qk.b, v=pv.b, batch=tuple(pv.batch), q_batch=tuple(qk.a_batch),
+                        k_batch=tuple(qk.b_batch), v_batch=tuple(pv.b_batch), m=qk.m, d=qk.k, s=qk.n,
+                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=sm.epilogue is not None)
+        if _bindings(prog, att.reads(), table_below) + 1 > max_bindings:
+            continue
+        prog.ops[prog.ops.index(pv)] = att
+        prog.ops.remove(qk)
+        prog.ops.remove(sm)
+        for t in gone:
+            del prog.tensors[t]
         producer = {op.out: op for op in prog.ops}
         readers = _readers(prog)
     return prog

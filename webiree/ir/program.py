@@ -14,6 +14,8 @@ Lowering maps every ONNX op onto these (DESIGN.md contract 2):
              kinds sum/max/min/prod/mean/... (+ epilogue).
 - `MatMulChain` two chained products in one dispatch, the first's result kept in
              workgroup memory (a feed-forward block: compiler/passes.py fuse_matmul_chains).
+- `Attention` Q Kᵀ, softmax and x V in one dispatch, the scores never stored
+             (compiler/passes.py fuse_attention).
 - `Softmax`  (log-)softmax over the middle axis of [outer, R, inner].
 - `LayerNorm` normalization over the last R elements with scale/bias.
 - `Loop`     a sequential fold per output element (at the end of this file).
@@ -231,6 +233,40 @@ class MatMulChain(Anchor):
 
 
 @dataclass
+class Attention(Anchor):
+    """out = epilogue(prob(softmax_j(score(Q @ Kt))) @ V) over batched Q [.., M, D], Kt [.., D, S]
+    (K transposed, as the first product reads it) and V [.., S, DV], the softmax along S: scaled
+    dot-product attention whose [.., M, S] scores and probabilities never reach a buffer
+    (kernels/attention.py: online softmax over blocks of keys). `score` is the first product's
+    fused epilogue (a mask, a scale: an expression of var 'acc' and of var 'o', the flat index in
+    [batch, M, S]), `guard` says the softmax's epilogue was ONNX exports' `Where(IsNaN(p), 0, p)`
+    (a row whose every score is -inf gives 0, not NaN), `epilogue` is the second product's (of
+    'acc' and 'o' in [batch, M, DV]). `q_batch`, `k_batch`, `v_batch` broadcast to `batch` as a
+    MatMul's a_batch / b_batch do; `alpha` scales the first product."""
+    q: str = ""
+    kt: str = ""
+    v: str = ""
+    batch: tuple = ()
+    q_batch: tuple = ()
+    k_batch: tuple = ()
+    v_batch: tuple = ()
+    m: int = 0
+    d: int = 0
+    s: int = 0
+    dv: int = 0
+    alpha: float = 1.0
+    score: Expr | None = None
+    guard: bool = False
+
+    def inputs(self):
+        return [self.q, self.kt, self.v]
+
+    def reads(self):
+        out = super().reads()
+        return out + [r for r in _expr_reads(self.score) if r not in out]
+
+
+@dataclass
 class Conv(Anchor):
     x: str = ""
     w: str = ""
@@ -364,6 +400,8 @@ def op_flops(op: Op) -> int:
         return upper(2 * max(upper(numel(op.batch)), 1) * op.m * op.n * op.k)
     if isinstance(op, MatMulChain):
         return upper(2 * op.m * op.h * (op.k + op.n))
+    if isinstance(op, Attention):
+        return upper(2 * max(upper(numel(op.batch)), 1) * op.m * op.s * (op.d + op.dv))
     if isinstance(op, Conv):
         n, m = op.out_shape[0], op.out_shape[1]
         return upper(2 * n * m * numel(op.out_shape[2:]) * op.w_shape[1] * numel(op.w_shape[2:]))

@@ -158,6 +158,38 @@ def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:
     return feeds
 
 
+def sdpa_block(batch=1, heads=12, m=128, s=128, d=32, dv=32, mask=True, guard=True, scores_out=False,
+               dims=None) -> onnx.ModelProto:
+    """Scaled dot-product attention as PyTorch's exporter writes it: softmax(Q @ Kᵀ * d^-1/2 + mask)
+    (then `Where(IsNaN(p), 0, p)` where `guard`) @ V, for inputs q [batch, heads, m, d], k [batch,
+    heads, s, d], v [batch, heads, s, dv] and mask [batch, 1, m, s] (additive, where `mask`).
+    `scores_out`: the scores are a graph output too. `dims`: names for (m, s), symbolic sizes."""
+    F = TensorProto.FLOAT
+    mm, ss = dims if dims else (m, s)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["scores"])]
+    last = "scores"
+    ins = [helper.make_tensor_value_info("q", F, [batch, heads, mm, d]),
+           helper.make_tensor_value_info("k", F, [batch, heads, ss, d]),
+           helper.make_tensor_value_info("v", F, [batch, heads, ss, dv])]
+    if mask:
+        nodes.append(helper.make_node("Add", [last, "mask"], ["masked"]))
+        last = "masked"
+        ins.append(helper.make_tensor_value_info("mask", F, [batch, 1, mm, ss]))
+    nodes.append(helper.make_node("Softmax", [last], ["p"], axis=-1))
+    last = "p"
+    if guard:
+        nodes += [helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pg"])]
+        last = "pg"
+    nodes.append(helper.make_node("MatMul", [last, "v"], ["y"]))
+    outs = [helper.make_tensor_value_info("y", F, [batch, heads, mm, dv])]
+    if scores_out:
+        outs.append(helper.make_tensor_value_info("scores", F, [batch, heads, mm, ss]))
+    inits = {"scale": np.array(d ** -0.5, np.float32), "zero": np.array(0.0, np.float32)}
+    return make_model(nodes, ins, outs, inits, name="sdpa")
+
+
 def tiny_attention(seed: int = 0, seq: int = 8, vocab: int = 32, d: int = 16, heads: int = 2) -> onnx.ModelProto:
     """An attention block over int64 token ids: Gather (embedding), LayerNorm, Q/K/V MatMuls,
     head split (Reshape + Transpose), scaled scores, a padding mask from Equal + Where,

@@ -19,8 +19,8 @@ from ..ir.sym import Dim, typical
 from ..ir import kir
 from ..ir import program as P
 from .kernels import check
-from .kernels import matmul_chain
-from .kernels.common import ChainTile, ConvTile, KernelConfig, MatmulTile, RowBlockTile
+from .kernels import attention, matmul_chain
+from .kernels.common import AttentionTile, ChainTile, ConvTile, KernelConfig, MatmulTile, RowBlockTile
 from .kernels.common import Strategy as S
 from .kernels.matmul import matmul_vec4_ok
 
@@ -343,12 +343,37 @@ def _chain_shared(op: P.MatMulChain, limits: dict):
     raise LimitsError(f"{op.name}: no chained-product kernel fits this adapter's limits")
 
 
+def _attention_online(op: P.Attention, limits: dict):
+    # GPUs: 32 query rows a workgroup (MiniLM's 128-row heads: 4 workgroups a head), 32 keys a
+    # block. CPU adapters without subgroups (the `cpu` variant of a build for every adapter class;
+    # a CPU-class target without subgroups does not fuse attention: compiler/passes.py
+    # fuse_attention): 64 rows, 16 keys, the fastest of those tried on lavapipe in MiniLM (176 ms
+    # a run; 8 rows 192 ms, 32 rows x 8 keys 186, 128 rows 193; the three dispatches 144). Fewer
+    # keys where workgroup memory asks.
+    inv = min(limits["max_compute_invocations_per_workgroup"], limits["max_compute_workgroup_size_x"])
+    cpu = limits.get("device_class") == "cpu"
+    t = _pow2_at_most(64, inv)
+    z = 1 if cpu else 8
+    for keys in ((16, 8, 4, 2, 1) if cpu else (4, 2, 1)):
+        cfg = KernelConfig((t, 1, 1), AttentionTile(keys, z if t % z == 0 else 1), 1, S.ATTENTION_ONLINE)
+        if attention.check(cfg.strategy, op, limits, cfg) is None:
+            return cfg
+    raise LimitsError(f"{op.name}: no fused-attention kernel fits this adapter's limits")
+
+
+def _attention_subgroup(op: P.Attention, limits: dict):
+    # CPU adapters with subgroups: a row a lane, keys 4 at a time (on lavapipe MiniLM's heads alone
+    # took 3.83 ms host to host, 8 keys 3.96, the three dispatches 7.5).
+    return KernelConfig((limits["subgroup_size"], 1, 1), AttentionTile(4), 1, S.ATTENTION_SUBGROUP)
+
+
 PLANNERS = {
     S.SUBGROUP_BROADCAST: _subgroup_broadcast, S.REGISTER_BLOCKED: _register_blocked, S.SPLIT_K: _split_k,
     S.TILED_SHARED_VEC4: _tiled_shared_vec4, S.TILED_SHARED: _tiled_shared, S.ROW_BLOCK: _row_block,
     S.DIRECT: _direct, S.ROW_PER_INVOCATION: _row_per_invocation, S.WORKGROUP_TREE: _workgroup_tree,
     S.WINDOW: _one_per_output(S.WINDOW), S.ELEMENTWISE: _one_per_output(S.ELEMENTWISE),
     S.RANGE_PACK: _range_pack, S.CHAIN_SHARED: _chain_shared, S.CHAIN_SUBGROUP: _chain_subgroup,
+    S.ATTENTION_ONLINE: _attention_online, S.ATTENTION_SUBGROUP: _attention_subgroup,
 }
 
 # op kind -> device class -> strategies, most preferred first. An adapter of unknown class
@@ -366,6 +391,7 @@ TABLE = {
     P.Loop: {"cpu": (S.ELEMENTWISE,), "gpu": (S.ELEMENTWISE,)},
     P.QuantizeWords: {"cpu": (S.RANGE_PACK,), "gpu": (S.RANGE_PACK,)},
     P.MatMulChain: {"cpu": (S.CHAIN_SUBGROUP, S.CHAIN_SHARED), "gpu": (S.CHAIN_SHARED,)},
+    P.Attention: {"cpu": (S.ATTENTION_SUBGROUP, S.ATTENTION_ONLINE), "gpu": (S.ATTENTION_ONLINE,)},
 }
 
 

@@ -60,6 +60,8 @@ def problem_key(op: P.Op) -> str | None:
         return f"quantizewords n{v.n}"
     if isinstance(v, P.MatMulChain):
         return f"matmulchain m{v.m} k{v.k} h{v.h} n{v.n}"
+    if isinstance(v, P.Attention):
+        return f"attention b{max(1, numel(v.batch))} m{v.m} d{v.d} s{v.s} dv{v.dv}"
     if isinstance(v, P.Pool):
         return f"pool {v.mode} x{'x'.join(map(str, v.x_shape))} k{'x'.join(map(str, v.kernel))} " \
                f"s{'x'.join(map(str, v.strides))}"
@@ -159,6 +161,20 @@ def _chain_candidates(v: P.MatMulChain, limits: dict):
                     yield KernelConfig((sg, 1, 1), (r, rn, 1, 1, parts), 4, S.CHAIN_SUBGROUP)
 
 
+def _attention_candidates(v: P.Attention, limits: dict):
+    """Query rows a workgroup x keys a block; the subgroup kernel's keys a block where the adapter
+    has subgroups; `check` keeps those workgroup memory allows."""
+    for t in (8, 16, 32, 64, 128, 256):
+        for z in (1, 2, 4, 8, 16):
+            for keys in (2, 4, 8, 16, 32):
+                if t % z == 0 and t // z >= 4:
+                    yield KernelConfig((t, 1, 1), (keys, z), 1, S.ATTENTION_ONLINE)
+    sg = limits.get("subgroup_size", 0)
+    if sg in (4, 8, 16):
+        for keys in (1, 2, 4, 8):
+            yield KernelConfig((sg, 1, 1), (keys,), 1, S.ATTENTION_SUBGROUP)
+
+
 def _range_pack_candidates(v: P.QuantizeWords, limits: dict):
     """Workgroup sizes x words per invocation: fewer, fuller workgroups re-read x less often."""
     n4 = v.n // 4
@@ -185,6 +201,8 @@ def candidates(op: P.Op, prog: P.Program, limits: dict) -> list[KernelConfig]:
         more = _range_pack_candidates(v, limits)
     elif isinstance(v, P.MatMulChain):
         more = _chain_candidates(v, limits)
+    elif isinstance(v, P.Attention):
+        more = _attention_candidates(v, limits)
     elif isinstance(v, P.Pool):
         more = (KernelConfig((wg, 1, 1), (), 1, S.WINDOW) for wg in (32, 64, 128, 256))
     else:
@@ -248,7 +266,7 @@ class Table:
         if cfg is None:
             return None, "absent"
         v = planning_view(op)
-        subgroups_differ = cfg.strategy in (S.SUBGROUP_BROADCAST, S.CHAIN_SUBGROUP) and \
+        subgroups_differ = cfg.strategy in (S.SUBGROUP_BROADCAST, S.CHAIN_SUBGROUP, S.ATTENTION_SUBGROUP) and \
             limits.get("subgroup_size", 0) != cfg.workgroup_size[0]
         if subgroups_differ or not _fits(cfg, limits) or check(cfg.strategy, v, limits, cfg) is not None:
             return None, "unfit"

@@ -10,6 +10,7 @@ WGSL by wgsl.py and to SPIR-V by spirv.py.
 | elementwise     | Generic              | elementwise.py  |
 | matmul          | MatMul               | matmul.py       |
 | chained products | MatMulChain         | matmul_chain.py |
+| fused attention | Attention            | attention.py    |
 | int8 products   | MatMul (int8), QuantizeWords | matmul_int8.py |
 | convolution     | Conv                 | conv.py         |
 | pool / reduce   | Pool, Reduce         | pool_reduce.py  |
@@ -23,7 +24,8 @@ from ...errors import LimitsError
 from ...ir import kir
 from ...ir import program as P
 from ...errors import CompilerBug
-from . import conv, matmul, matmul_chain
+from . import attention, conv, matmul, matmul_chain
+from .attention import build_attention
 from .common import Binder, Dispatch, KernelConfig, Strategy, grid_for
 from .conv import build_conv
 from .elementwise import build_generic
@@ -38,7 +40,7 @@ from .pool_reduce import build_pool, build_reduce
 BUILDERS = {
     P.Generic: build_generic, P.MatMul: build_matmul, P.Conv: build_conv, P.Pool: build_pool,
     P.Reduce: build_reduce, P.Softmax: build_softmax, P.LayerNorm: build_layernorm, P.Loop: build_loop,
-    P.QuantizeWords: build_quantize_words, P.MatMulChain: build_matmul_chain,
+    P.QuantizeWords: build_quantize_words, P.MatMulChain: build_matmul_chain, P.Attention: build_attention,
 }
 
 
@@ -47,6 +49,8 @@ def check(strategy: Strategy, op: P.Op, limits: dict, cfg: KernelConfig | None =
     answer depends on the sizes (a chain's workgroup memory), also why `cfg` cannot."""
     if isinstance(op, P.MatMulChain):
         return matmul_chain.check(strategy, op, limits, cfg)
+    if isinstance(op, P.Attention):
+        return attention.check(strategy, op, limits, cfg)
     if isinstance(op, P.MatMul):
         return matmul.check(strategy, op, limits)
     if isinstance(op, P.Conv):

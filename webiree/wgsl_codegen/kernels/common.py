@@ -35,6 +35,8 @@ class Strategy(str, enum.Enum):
     RANGE_PACK = "range-pack"                    # DynamicQuantizeLinear's range + words (QuantizeWords)
     CHAIN_SHARED = "chain-shared"                # MatMulChain: rows of the intermediate in workgroup memory
     CHAIN_SUBGROUP = "chain-subgroup"            # MatMulChain, CPU adapters with subgroups: A broadcast
+    ATTENTION_ONLINE = "attention-online"        # Attention: a query row per invocation, blocks of keys
+    ATTENTION_SUBGROUP = "attention-subgroup"    # Attention, CPU adapters with subgroups: K, V broadcast
 
 
 class MatmulTile(NamedTuple):
@@ -63,6 +65,11 @@ class ChainTile(NamedTuple):
     parts: int = 1               # chain-subgroup: parts of H computed one after the other
 
 
+class AttentionTile(NamedTuple):
+    keys: int                    # keys a block (attention-online: a split's, in workgroup memory),
+    splits: int = 1              # attention-online: invocations a row, each a part of every block
+
+
 class PackTile(NamedTuple):
     words: int                   # range-pack: words one invocation packs
 
@@ -70,7 +77,8 @@ class PackTile(NamedTuple):
 TILES = {Strategy.SUBGROUP_BROADCAST: MatmulTile, Strategy.REGISTER_BLOCKED: MatmulTile,
          Strategy.SPLIT_K: MatmulTile, Strategy.TILED_SHARED_VEC4: MatmulTile, Strategy.TILED_SHARED: MatmulTile,
          Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile, Strategy.RANGE_PACK: PackTile,
-         Strategy.CHAIN_SHARED: ChainTile, Strategy.CHAIN_SUBGROUP: ChainTile}
+         Strategy.CHAIN_SHARED: ChainTile, Strategy.CHAIN_SUBGROUP: ChainTile,
+         Strategy.ATTENTION_ONLINE: AttentionTile, Strategy.ATTENTION_SUBGROUP: AttentionTile}
 
 
 @dataclass

@@ -1,0 +1,107 @@
+"""Fused attention (compiler/passes.py fuse_attention, kernels/attention.py): Q Kᵀ with its scale
+and mask, the softmax and the product with V as one dispatch, against onnxruntime, in the GPU
+variant and in the CPU ones of a build for every adapter class, shapes that do not divide the
+blocks included, masked rows (-inf: 0 with the NaN guard, NaN without it, as onnxruntime), SPIR-V,
+a dynamic build, and the cases that stay three dispatches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import webiree
+from webiree.testing.models import sample_inputs, sdpa_block
+
+from .conftest import assert_close, ort_run
+from .test_kernel_variants import strategies
+
+
+def by_variant(res) -> dict:
+    return {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
+
+
+def run_variants(model, tmp_path, feeds=None, variants=("gpu", "cpu", "cpu-sg8"), **kw):
+    """Build (by default for every adapter class), run each variant, compare with onnxruntime:
+    attention-online in 'gpu' and 'cpu', attention-subgroup in 'cpu-sg8' (lavapipe's subgroups)."""
+    feeds = feeds or sample_inputs(model)
+    ref = ort_run(model, feeds)
+    res = webiree.compile(model, tmp_path / "build", **kw)
+    for v in variants:
+        got = webiree.InferenceSession(tmp_path / "build", variant=v).run(None, feeds)
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert_close(g, r, name=f"{v}")
+    return res
+
+
+@pytest.mark.parametrize("shape", [(1, 12, 128, 128, 32, 32),    # MiniLM's heads
+                                   (2, 3, 33, 45, 20, 12),       # rows, keys and head sizes off every block
+                                   (1, 2, 5, 7, 8, 8)])          # fewer keys than a block
+def test_attention_fused(shape, tmp_path):
+    b, h, m, s, d, dv = shape
+    res = run_variants(sdpa_block(b, h, m, s, d, dv), tmp_path)
+    assert by_variant(res) == {"gpu": ["attention-online"], "cpu": ["attention-online"],
+                               "cpu-sg8": ["attention-subgroup"], "cpu-sg4": ["attention-subgroup"]}
+    assert len(res.module.info["dispatches"][0]["nodes"]) == 8     # every ONNX node in the one dispatch
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_masked_rows(guard, tmp_path):
+    """Rows whose every key is masked with -inf (the first 3 rows of batch 0), rows with some keys
+    masked, and rows masked with float32's lowest finite value (Hugging Face's mask: a uniform
+    softmax there, not 0)."""
+    model = sdpa_block(2, 2, 9, 40, 16, 16, guard=guard)
+    feeds = sample_inputs(model)
+    mask = np.zeros([2, 1, 9, 40], np.float32)
+    mask[0, 0, :3, :] = -np.inf
+    mask[0, 0, 3:6, ::3] = -np.inf
+    mask[1, 0, :4, :] = np.finfo(np.float32).min
+    feeds["mask"] = mask
+    ref = ort_run(model, feeds)[0]
+    assert np.isnan(ref).any() != guard
+    res = run_variants(model, tmp_path, feeds)
+    assert by_variant(res)["cpu-sg8"] == ["attention-subgroup"]
+
+
+def test_attention_from_spirv(tmp_path):
+    """The same kernel IR as SPIR-V (spirv-val runs at build): the same bits as the WGSL kernel."""
+    model = sdpa_block(2, 3, 33, 45, 20, 12)
+    feeds = sample_inputs(model)
+    outs = []
+    for targets in ("spirv", None):
+        res = webiree.compile(model, tmp_path / str(targets), limits="gpu", targets=targets)
+        assert strategies(res) == ["attention-online"]
+        outs.append(webiree.InferenceSession(tmp_path / str(targets)).run(None, feeds)[0])
+    assert_close(outs[1], ort_run(model, feeds)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])
+    outs = []
+    for targets in ("spirv", None):     # lavapipe's own limits: the subgroup kernel
+        res = webiree.compile(model, tmp_path / f"sg-{targets}", limits="adapter", targets=targets)
+        assert strategies(res) == ["attention-subgroup"]
+        outs.append(webiree.InferenceSession(tmp_path / f"sg-{targets}").run(None, feeds)[0])
+    assert_close(outs[1], ort_run(model, feeds)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_attention_dynamic(tmp_path):
+    """One build for sequences of 1..64 (rows and keys symbolic), run at 1, 17 and 64."""
+    model = sdpa_block(1, 2, d=16, dv=16, dims=("seq", "seq"))
+    res = webiree.compile(model, tmp_path / "build", dims={"seq": "1..64"})
+    assert by_variant(res)["gpu"] == ["attention-online"] and by_variant(res)["cpu-sg8"] == ["attention-subgroup"]
+    sessions = [webiree.InferenceSession(tmp_path / "build", variant=v) for v in ("gpu", "cpu-sg8")]
+    rng = np.random.default_rng(1)
+    for n, sess in [(n, s) for n in (1, 17, 64) for s in sessions]:
+        feeds = {"q": rng.standard_normal([1, 2, n, 16]).astype(np.float32),
+                 "k": rng.standard_normal([1, 2, n, 16]).astype(np.float32),
+                 "v": rng.standard_normal([1, 2, n, 16]).astype(np.float32),
+                 "mask": np.where(rng.random([1, 1, n, n]) < 0.2, -np.inf, 0).astype(np.float32)}
+        assert_close(sess.run(None, feeds)[0], ort_run(model, feeds)[0], name=f"seq {n}")
+
+
+def test_attention_not_fused(tmp_path):
+    """Scores that are also an output, and a CPU-class target without subgroups, keep three
+    dispatches."""
+    res = run_variants(sdpa_block(1, 2, 16, 16, 8, 8, scores_out=True), tmp_path, variants=("gpu",))
+    assert "attention-online" not in strategies(res) and len(strategies(res)) == 3
+    res = run_variants(sdpa_block(1, 2, 16, 16, 8, 8), tmp_path / "cpu", variants=(None,), limits="cpu")
+    assert strategies(res) == ["register-blocked", "row-per-invocation", "register-blocked"]
