@@ -344,8 +344,10 @@ def _chain_shared(op: P.MatMulChain, limits: dict):
 
 
 def _attention_online(op: P.Attention, limits: dict):
-    # GPUs: 32 query rows a workgroup (MiniLM's 128-row heads: 4 workgroups a head), 32 keys a
-    # block. CPU adapters without subgroups (the `cpu` variant of a build for every adapter class;
+    # GPUs: 64 invocations, 8 rows, each row's keys split over 8 invocations, 4 keys a split a
+    # block (32 a block). On the H200 (`webiree tune`, MiniLM's heads alone: 12 x 128 x 32, keys
+    # 128) 13.3 us, the best of 125 candidates 13.2; without splits (32 rows, 32 keys) 33 us: 1,536
+    # invocations each running over all 128 keys leave the GPU mostly idle. CPU adapters without subgroups (the `cpu` variant of a build for every adapter class;
     # a CPU-class target without subgroups does not fuse attention: compiler/passes.py
     # fuse_attention): 64 rows, 16 keys, the fastest of those tried on lavapipe in MiniLM (176 ms
     # a run; 8 rows 192 ms, 32 rows x 8 keys 186, 128 rows 193; the three dispatches 144). Fewer

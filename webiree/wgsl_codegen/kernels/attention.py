@@ -2,18 +2,21 @@
 fuse_attention): out = epilogue(softmax_j(score(alpha * Q Kᵀ)) V), the [M, S] scores and
 probabilities of each batch (each head) never stored.
 
-`attention-online` (after FlashAttention's online softmax): a workgroup of T invocations owns T
-consecutive query rows of one batch (workgroup z), an invocation one row, whose D values it holds
-in registers (vec4s, lanes past D zero) beside its DV output sums, the row's running maximum `m`
-and its running sum of exponentials `l`. The keys are taken `keys` (Bc) at a time:
+`attention-online` (after FlashAttention's online softmax, and FlashDecoding's split of the keys):
+a workgroup of T invocations owns R = T / splits consecutive query rows of one batch (workgroup z),
+`splits` invocations a row. Each holds the row's D values in registers (vec4s, lanes past D zero)
+beside its own DV output sums, running maximum `m` and running sum of exponentials `l`. The keys
+are taken splits x `keys` (Bc) at a time:
 
-1. the workgroup copies the block's Bc rows of K (read through Kt, the first product's B, and
-   its prologue: heads' transposes, a bias, a scale) and of V into workgroup memory (`Ks`, `Vs`),
-   each invocation some of their vec4s;
-2. each invocation computes its row's Bc scores (vec4 products of its q with `Ks`, then alpha and
-   the first product's epilogue, the mask), past S as -inf, and their maximum; where it is above
-   `m`, the sums so far are scaled by exp(m - m_new); then l += exp(s - m_new) and
-   out += exp(s - m_new) * V's row, for each key.
+1. the workgroup copies the block's rows of K (read through Kt, the first product's B, and its
+   prologue: heads' transposes, a bias, a scale) and of V into workgroup memory (`Ws`: K's rows,
+   then V's), each invocation some of their vec4s;
+2. each invocation takes its split's Bc keys of the block: their scores (vec4 products of its q
+   with K's rows, then alpha and the first product's epilogue, the mask), past S as -inf, and
+   their maximum; where it is above `m`, the sums so far are scaled by exp(m - m_new); then
+   l += exp(s - m_new) and out += exp(s - m_new) * V's row, for each key;
+3. with splits > 1, the splits' (m, l, out) meet in `Ws` and the row's first invocation adds them,
+   each scaled by exp(m_split - max over the splits).
 
 At the end out / l goes through the second product's epilogue. A row whose every score is -inf
 keeps m = -inf, whose exponentials are taken against 0 instead (each 0, never NaN), and ends
@@ -22,8 +25,8 @@ NaN guard (`guard`; also for a NaN score, which the maximum keeps as NaN, as the
 Every invocation reaches every barrier: rows past M are computed from the last row and not stored.
 
 `attention-subgroup` (CPU adapters whose workgroup of T invocations runs as one subgroup, as
-kernels/matmul.py's subgroup-broadcast product): the same rows and arithmetic without workgroup
-memory or barriers. A key's row of K is loaded a vec4 a lane (lane li holds vec4s li, li + T, ...)
+kernels/matmul.py's subgroup-broadcast product): a row an invocation, the same arithmetic without
+workgroup memory or barriers. A key's row of K is loaded a vec4 a lane (lane li holds vec4s li, li + T, ...)
 and subgroupBroadcast hands each vec4 to every lane; likewise V's row. On llvmpipe a load of
 workgroup memory, like one of a storage buffer, is a loop over the 8 lanes even where every lane
 reads the same value, so attention-online's 2 * (D + DV) / 4 of them per row and key made it 2.7x
