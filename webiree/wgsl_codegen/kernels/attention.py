@@ -39,7 +39,7 @@ from ...ir import kir
 from ...ir import program as P
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar
 from ...ir.sym import is_dim
-from .common import NEG_INF, Binder, Strategy, lid, radix_rules
+from .common import NEG_INF, Binder, Strategy, batch_indices, lid, radix_rules
 from .pool_reduce import max_nan
 
 
@@ -77,15 +77,7 @@ def check(strategy: Strategy, op: P.Attention, limits: dict, cfg=None) -> str | 
 
 def _batch_indices(op: P.Attention):
     """(workgroup z, Q's, Kt's, V's flat batch index): their offsets are these x M*D, D*S, S*DV."""
-    bz = kir.cast(kir.WID[2], "i32")
-    coords = P.coords_of(bz, op.batch) if op.batch else []
-
-    def index(shape):
-        if not shape:
-            return i32(0)
-        k = len(op.batch) - len(shape)
-        return P.flat_of([i32(0) if shape[i] == 1 else coords[k + i] for i in range(len(shape))], shape)
-    return bz, index(op.q_batch), index(op.k_batch), index(op.v_batch)
+    return batch_indices(op.batch, op.q_batch, op.k_batch, op.v_batch)
 
 
 def _apply(expr, b: Binder, acc, o, radix):

@@ -317,6 +317,21 @@ def grid_for(n_groups, limits: dict) -> tuple:
     return (gx, gy, 1)
 
 
+def batch_indices(batch: tuple, *shapes) -> tuple:
+    """(workgroup z as i32, then for each operand's batch dims in `shapes` its flat batch index):
+    workgroup z walks the output's `batch` dims, and an operand broadcasts along its dims of 1 and
+    the dims it lacks (numpy's rule, as MatMul's)."""
+    bz = kir.cast(kir.WID[2], "i32")
+    coords = P.coords_of(bz, batch) if batch else []
+
+    def index(shape):
+        if not shape:
+            return kir.i32(0)
+        k = len(batch) - len(shape)
+        return P.flat_of([kir.i32(0) if shape[i] == 1 else coords[k + i] for i in range(len(shape))], shape)
+    return (bz, *(index(s) for s in shapes))
+
+
 def linear_wid() -> kir.Expr:
     return kir.cast(kir.WID[1] * kir.NWG[0] + kir.WID[0], "i32")
 

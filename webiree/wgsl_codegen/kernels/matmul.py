@@ -9,21 +9,13 @@ from ...ir import kir
 from ...ir.sym import dmin, is_dim
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar, select
 from ...errors import LimitsError
-from .common import Strategy, Binder, lid, epilogue, slice_fill, split_k_store
+from .common import Strategy, Binder, batch_indices, lid, epilogue, slice_fill, split_k_store
 from .matmul_int8 import build as build_int8, check as check_int8
 
 
 def _batch_indices(op: P.MatMul):
     """(A's, B's) flat batch index for workgroup z (their offsets are these x M*K, x K*N)."""
-    bz = kir.cast(kir.WID[2], "i32")
-    bcoords = P.coords_of(bz, op.batch) if op.batch else []
-
-    def index(shape):
-        if not shape:
-            return i32(0)
-        k = len(op.batch) - len(shape)
-        return P.flat_of([i32(0) if shape[i] == 1 else bcoords[k + i] for i in range(len(shape))], shape)
-    return index(op.a_batch), index(op.b_batch)
+    return batch_indices(op.batch, op.a_batch, op.b_batch)[1:]
 
 
 def _load_a(b: Binder, op: P.MatMul, ab, a_off, row, k):
