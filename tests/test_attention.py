@@ -6,11 +6,14 @@ a dynamic build, and the cases that stay three dispatches."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import webiree
 from webiree.testing.models import sample_inputs, sdpa_block
+from webiree.wgsl_codegen.tuning import FORMAT
 
 from .conftest import assert_close, ort_run
 from .test_kernel_variants import strategies
@@ -105,3 +108,18 @@ def test_attention_not_fused(tmp_path):
     assert "attention-online" not in strategies(res) and len(strategies(res)) == 3
     res = run_variants(sdpa_block(1, 2, 16, 16, 8, 8), tmp_path / "cpu", variants=(None,), limits="cpu")
     assert strategies(res) == ["register-blocked", "row-per-invocation", "register-blocked"]
+
+
+@pytest.mark.parametrize("tile", [(2, 16), (32, 1), (16, 2)])
+def test_attention_forced_splits(tile, tmp_path):
+    """Configurations a tuning table may choose (keys a block, splits a row: 16 splits of 2 keys,
+    one split of 32, 2 of 16) over 45 keys, so that whole splits fall past S, against onnxruntime."""
+    keys, splits = tile
+    cfg = {"workgroup_size": [128, 1, 1], "tile": [keys, splits], "vector": 1, "strategy": "attention-online"}
+    table = {"format": FORMAT, "adapter": {"device_class": "gpu"},
+             "entries": {"attention b6 m33 d20 s45 dv12": {"config": cfg}}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    res = run_variants(sdpa_block(2, 3, 33, 45, 20, 12), tmp_path, variants=(None,), limits="gpu",
+                       tuning=tmp_path / "t.json")
+    got = res.module.info["dispatches"][0]["config"]
+    assert got["strategy"] == "attention-online" and list(got["tile"]) == [keys, splits], got

@@ -63,14 +63,14 @@ def test_default_build_carries_the_variants(builds, name):
     for n in DEFAULT:
         assert counts[n]["shared"] == len(used[n] & set().union(*(u for k, u in used.items() if k != n))) > 0
     # the variants' kernels differ where the planner's table does (matmuls, softmax, layernorm, conv);
-    # the subgroup variants only in their matmuls
+    # the subgroup variants only in their matmuls and fused attention
     strategies = {n: [d["config"]["strategy"] for d in r.module.info["dispatches"]] for n, r in res.variants.items()}
     assert strategies["gpu"] != strategies["cpu"] and len({len(v) for v in strategies.values()}) == 1
     assert "subgroup-broadcast" not in strategies["cpu"] + strategies["gpu"]
     for sg in ("cpu-sg8", "cpu-sg4"):
         assert strategies[sg].count("subgroup-broadcast") > 0
-        assert [a for a, b in zip(strategies[sg], strategies["cpu"]) if a != b] == \
-            ["subgroup-broadcast"] * strategies[sg].count("subgroup-broadcast")
+        subgroup = [a for a in strategies[sg] if a in ("subgroup-broadcast", "attention-subgroup")]
+        assert [a for a, b in zip(strategies[sg], strategies["cpu"]) if a != b] == subgroup
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["variants"] == [{"name": n, "rule": RULES[n], "executables": counts[n]["executables"],
                                      "shared": counts[n]["shared"]} for n in DEFAULT]
