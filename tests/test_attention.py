@@ -123,3 +123,13 @@ def test_attention_forced_splits(tile, tmp_path):
                        tuning=tmp_path / "t.json")
     got = res.module.info["dispatches"][0]["config"]
     assert got["strategy"] == "attention-online" and list(got["tile"]) == [keys, splits], got
+
+
+def test_contrib_attention_fused(tmp_path):
+    """onnxruntime's com.microsoft Attention (its K read as rows: the first product's trans_b),
+    causal and with a 0/1 mask: its scores, softmax and x V one dispatch in every variant."""
+    from .test_contrib_attention import _attention
+    model, feeds = _attention(mask=np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], np.int32), unidirectional=1)
+    res = run_variants(model, tmp_path, feeds)
+    kinds = by_variant(res)
+    assert kinds["gpu"].count("attention-online") == 1 and kinds["cpu-sg8"].count("attention-subgroup") == 1, kinds

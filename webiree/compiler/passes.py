@@ -494,8 +494,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
     def dtype(op, t) -> str:     # an input's element type, also where a prologue computes it
         return op.prologues[t].dtype if t in op.prologues else prog.tensors[prog.root(t)].dtype
 
-    def plain(op) -> bool:
-        return isinstance(op, MatMul) and not (op.int8 or op.trans_a or op.trans_b) \
+    def plain(op, trans_b=False) -> bool:
+        return isinstance(op, MatMul) and not (op.int8 or op.trans_a or (op.trans_b and not trans_b)) \
             and prog.tensors[op.out].dtype == "f32" and dtype(op, op.a) == dtype(op, op.b) == "f32"
 
     for pv in list(prog.ops):
@@ -506,7 +506,7 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
                 or sm.epilogue not in (None, guard) or not only_reader(sm.out, pv):
             continue
         qk = producer.get(prog.root(sm.x))
-        if not plain(qk) or not only_reader(qk.out, sm) or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
+        if not plain(qk, trans_b=True) or not only_reader(qk.out, sm) or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
                 or tuple(qk.batch) != tuple(pv.batch) or tuple(pv.a_batch) != tuple(pv.batch) \
                 or not isinstance(qk.k, int) or not isinstance(pv.n, int) \
                 or qk.k > ATTENTION_HEAD_MAX or pv.n > ATTENTION_HEAD_MAX:
@@ -522,7 +522,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
                         epilogue=pv.epilogue, prologues=prologues,
                         q=qk.a, kt=qk.b, v=pv.b, batch=tuple(pv.batch), q_batch=tuple(qk.a_batch),
                         k_batch=tuple(qk.b_batch), v_batch=tuple(pv.b_batch), m=qk.m, d=qk.k, s=qk.n,
-                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=sm.epilogue is not None)
+                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=sm.epilogue is not None,
+                        k_rows=qk.trans_b)
         if _bindings(prog, att.reads(), table_below) + 1 > max_bindings:
             continue
         prog.ops[prog.ops.index(pv)] = att

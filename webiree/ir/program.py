@@ -234,9 +234,10 @@ class MatMulChain(Anchor):
 
 @dataclass
 class Attention(Anchor):
-    """out = epilogue(prob(softmax_j(score(Q @ Kt))) @ V) over batched Q [.., M, D], Kt [.., D, S]
-    (K transposed, as the first product reads it) and V [.., S, DV], the softmax along S: scaled
-    dot-product attention whose [.., M, S] scores and probabilities never reach a buffer
+    """out = epilogue(softmax_j(score(alpha * Q @ Kt)) @ V) over batched Q [.., M, D], Kt [.., D, S]
+    (K transposed, as the first product reads it; K [.., S, D] itself where `k_rows`) and V
+    [.., S, DV], the softmax along S: scaled dot-product attention whose [.., M, S] scores and
+    probabilities never reach a buffer
     (kernels/attention.py: online softmax over blocks of keys). `score` is the first product's
     fused epilogue (a mask, a scale: an expression of var 'acc' and of var 'o', the flat index in
     [batch, M, S]), `guard` says the softmax's epilogue was ONNX exports' `Where(IsNaN(p), 0, p)`
@@ -257,6 +258,7 @@ class Attention(Anchor):
     alpha: float = 1.0
     score: Expr | None = None
     guard: bool = False
+    k_rows: bool = False        # `kt` is stored as K itself, [.., S, D] (the first product's trans_b)
 
     def inputs(self):
         return [self.q, self.kt, self.v]

@@ -80,6 +80,15 @@ def _batch_indices(op: P.Attention):
     return batch_indices(op.batch, op.q_batch, op.k_batch, op.v_batch)
 
 
+def _load_k(op: P.Attention, b: Binder, kb, d, j):
+    """Kᵀ[batch kb][d, j], stored as Kt [D, S] or, `k_rows`, as K [S, D]; a prologue told its
+    coordinates."""
+    k_off = lvar("k_off", "i32")
+    if op.k_rows:
+        return b.load(op.kt, k_off + j * op.d + d, [(kb, None), (j, op.s), (d, op.d)])
+    return b.load(op.kt, k_off + d * op.s + j, [(kb, None), (d, op.d), (j, op.s)])
+
+
 def _apply(expr, b: Binder, acc, o, radix):
     """A fused epilogue at element `o` = flat index of the coordinates `radix` ([(c, size)])."""
     if expr is None:
@@ -192,7 +201,7 @@ def _build_subgroup(op: P.Attention, prog, cfg, limits, b: Binder):
     li = lid()
     body, (bz, qb, kb, vb) = _rows(op, T, li)
     body += _query_and_sums(op, b, qb)
-    k_off, v_off = lvar("k_off", "i32"), lvar("v_off", "i32")
+    v_off = lvar("v_off", "i32")
     j0 = lvar("j0", "i32")
     block, scores = [], []
     tail = is_dim(S) or S % Bc != 0
@@ -202,8 +211,7 @@ def _build_subgroup(op: P.Attention, prog, cfg, limits, b: Binder):
         jc = lvar(f"jc{jj}", "i32")
         for t in range(-(-D4 // T)):        # this lane's vec4s of K's row
             mine = kir.minimum(li + t * T, D4 - 1)
-            block.append(Let(f"kr{jj}_{t}", _vec_of(
-                lambda d: b.load(op.kt, k_off + d * S + jc, [(kb, None), (d, D), (jc, S)]), D, mine)))
+            block.append(Let(f"kr{jj}_{t}", _vec_of(lambda d: _load_k(op, b, kb, d, jc), D, mine)))
         dot = None
         for d4 in range(D4):
             kv = kir.subgroup_broadcast(lvar(f"kr{jj}_{d4 // T}", "vec4f"), d4 % T)
@@ -240,7 +248,7 @@ def _build_online(op: P.Attention, prog, cfg, limits, b: Binder):
     z = li // R if Z > 1 else i32(0)
     body, (bz, qb, kb, vb) = _rows(op, R, li % R if Z > 1 else li)
     body += _query_and_sums(op, b, qb)
-    k_off, v_off = lvar("k_off", "i32"), lvar("v_off", "i32")
+    v_off = lvar("v_off", "i32")
     j0 = lvar("j0", "i32")
     keys = Z * Bc                       # a block's keys, all splits'
     kbase = keys * D4                   # Vs's place in Ws, after Ks
@@ -250,8 +258,7 @@ def _build_online(op: P.Attention, prog, cfg, limits, b: Binder):
         return kir.minimum(j0 + jj, S - 1)
 
     # 1. the block's keys and values into workgroup memory (Ks at Ws[0..], Vs after it)
-    block = _copy(b, "Ws", keys * D4, D4, li, T, lambda jj, d4: _vec_of(
-        lambda d: b.load(op.kt, k_off + d * S + key(jj), [(kb, None), (d, D), (key(jj), S)]), D, d4))
+    block = _copy(b, "Ws", keys * D4, D4, li, T, lambda jj, d4: _vec_of(lambda d: _load_k(op, b, kb, d, key(jj)), D, d4))
     block += _copy(b, "Ws", keys * DV4, DV4, li, T, lambda jj, e4: _vec_of(
         lambda e: b.load(op.v, v_off + key(jj) * DV + e, [(vb, None), (key(jj), S), (e, DV)]), DV, e4), base=kbase)
     block.append(Barrier())
