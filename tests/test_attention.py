@@ -133,3 +133,28 @@ def test_contrib_attention_fused(tmp_path):
     res = run_variants(model, tmp_path, feeds)
     kinds = by_variant(res)
     assert kinds["gpu"].count("attention-online") == 1 and kinds["cpu-sg8"].count("attention-subgroup") == 1, kinds
+
+
+@pytest.mark.parametrize("keep_io_types", [True, False])
+def test_float16_attention_two_passes(keep_io_types, tmp_path):
+    """A float16 model (onnxruntime's converter): the probabilities are rounded to halves, an
+    epilogue of the softmax that needs each one's final value, so the kernels take two passes over
+    the keys (the row's maximum and sum, then the probabilities); in every variant, against the
+    three dispatches of a build that does not fuse (a CPU-class target without subgroups) within
+    an ulp of a half, and against onnxruntime (which also sums in halves) within 3e-3."""
+    from webiree.testing.models import float16_model
+    model = float16_model(sdpa_block(2, 3, 33, 45, 20, 12), keep_io_types=keep_io_types)
+    feeds = {k: v if keep_io_types else v.astype(np.float16) for k, v in sample_inputs(sdpa_block(2, 3, 33, 45, 20, 12)).items()}
+    feeds["mask"][0, 0, :3, :] = -np.inf
+    ref = ort_run(model, feeds)[0].astype(np.float32)
+    res = webiree.compile(model, tmp_path / "build")
+    kinds = by_variant(res)
+    assert kinds["gpu"] == ["attention-online"] and kinds["cpu-sg8"] == ["attention-subgroup"], kinds
+    assert res.program.ops[0].prob is not None and not res.program.ops[0].guard
+    unfused = webiree.compile(model, tmp_path / "unfused", limits="cpu")
+    assert strategies(unfused) == ["register-blocked", "row-per-invocation", "register-blocked"]
+    three = webiree.InferenceSession(tmp_path / "unfused").run(None, feeds)[0].astype(np.float32)
+    for v in ("gpu", "cpu", "cpu-sg8"):
+        got = webiree.InferenceSession(tmp_path / "build", variant=v).run(None, feeds)[0].astype(np.float32)
+        np.testing.assert_allclose(got, three, rtol=1e-3, atol=1e-4, err_msg=v)
+        np.testing.assert_allclose(got, ref, rtol=4e-3, atol=3e-3, err_msg=v)

@@ -478,9 +478,11 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
     """Q @ Kt (its prologues and its epilogue: the heads' transposes, a scale, a mask), a softmax
     over its last axis and the product of the probabilities with V become one Attention
     (kernels/attention.py), where the scores and the probabilities are read by nothing else, every
-    tensor is f32, the softmax's epilogue is absent or the NaN guard (`nan_guard`), the head sizes
+    tensor is f32 (a float16 model's hold f32 values rounded to halves), the head sizes
     D and DV are at most ATTENTION_HEAD_MAX, and the dispatch binds at most `max_bindings`
-    buffers. Runs after fusion; the driver runs it for every target but a CPU-class one without
+    buffers. The softmax's epilogue is the NaN guard (`nan_guard`), or absent, or any other (a
+    float16 model's rounding), which the kernels compute on each probability in a second pass over
+    the keys. Runs after fusion; the driver runs it for every target but a CPU-class one without
     subgroups, where the fused kernel (attention-online) took 2.7x the three dispatches' time on
     lavapipe (with subgroups, attention-subgroup takes half of theirs)."""
     outputs = {prog.root(o) for o in prog.outputs}
@@ -503,7 +505,7 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
             continue
         sm = producer.get(prog.root(pv.a))
         if not isinstance(sm, Softmax) or sm.log or sm.inner != 1 or sm.prologues \
-                or sm.epilogue not in (None, guard) or not only_reader(sm.out, pv):
+                or not only_reader(sm.out, pv):
             continue
         qk = producer.get(prog.root(sm.x))
         if not plain(qk, trans_b=True) or not only_reader(qk.out, sm) or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
@@ -512,7 +514,7 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
                 or qk.k > ATTENTION_HEAD_MAX or pv.n > ATTENTION_HEAD_MAX:
             continue
         gone = {qk.out, sm.out}
-        if any(prog.root(ld.attr) in gone for e in (qk.epilogue, pv.epilogue) if e is not None
+        if any(prog.root(ld.attr) in gone for e in (qk.epilogue, sm.epilogue, pv.epilogue) if e is not None
                for ld in kir.loads_of(e)):
             continue
         prologues = dict(qk.prologues)
@@ -522,8 +524,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
                         epilogue=pv.epilogue, prologues=prologues,
                         q=qk.a, kt=qk.b, v=pv.b, batch=tuple(pv.batch), q_batch=tuple(qk.a_batch),
                         k_batch=tuple(qk.b_batch), v_batch=tuple(pv.b_batch), m=qk.m, d=qk.k, s=qk.n,
-                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=sm.epilogue is not None,
-                        k_rows=qk.trans_b)
+                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=sm.epilogue == guard,
+                        prob=sm.epilogue if sm.epilogue not in (None, guard) else None, k_rows=qk.trans_b)
         if _bindings(prog, att.reads(), table_below) + 1 > max_bindings:
             continue
         prog.ops[prog.ops.index(pv)] = att

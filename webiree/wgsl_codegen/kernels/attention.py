@@ -174,17 +174,39 @@ def _update(block: list, scores: list, value_of, DV4: int) -> None:
     block.append(Assign("m", mn))
 
 
+def _accumulate(op: P.Attention, b: Binder, bz, block: list, scores: list, js: list, value_of, DV4: int) -> None:
+    """The second pass's step (op.prob): each key's probability exp(s - m) / l from the row's
+    final maximum and sum, through the softmax's epilogue, times its V row added to acc."""
+    rc, mg, l = lvar("rc", "i32"), lvar("mg", "f32"), lvar("l", "f32")
+    for jj, (s, j) in enumerate(zip(scores, js)):
+        p = kir.unary("exp", s - mg) / l
+        p = _apply(op.prob, b, p, (bz * op.m + rc) * op.s + j, [(bz, None), (rc, op.m), (j, op.s)])
+        block.append(Let(f"pe{jj}", p))
+        block += [Assign(f"acc{e4}", kir.fma(kir.splat(lvar(f"pe{jj}", "f32")), value_of(jj, e4),
+                                             lvar(f"acc{e4}", "vec4f"))) for e4 in range(DV4)]
+
+
+def _final_max() -> list:
+    """After the first pass: mg, the row's maximum against which its exponentials are taken (0
+    where every score is -inf: each exponential then 0, l = 0, the probabilities 0 / 0)."""
+    return [Let("mg", kir.select(kir.unary("isinf", lvar("m", "f32")), f32(0.0), lvar("m", "f32")))]
+
+
 def _finish(op: P.Attention, b: Binder, bz) -> list:
-    """out / l through the second product's epilogue, for a row inside M."""
+    """out / l (out itself after two passes) through the second product's epilogue, for a row
+    inside M."""
     M, DV = op.m, op.dv
     out, row, l = b.name(op.out), lvar("row", "i32"), lvar("l", "f32")
     body = []
     if op.guard:
         body.append(Let("zero", kir.binary("or", kir.binary("eq", l, f32(0.0)), kir.unary("isnan", l))))
-    body.append(Let("rl", f32(1.0) / l))
+    if op.prob is None:
+        body.append(Let("rl", f32(1.0) / l))
     stores = []
     for e in range(DV):
-        v = kir.lane(lvar(f"acc{e // 4}", "vec4f"), e % 4) * lvar("rl", "f32")
+        v = kir.lane(lvar(f"acc{e // 4}", "vec4f"), e % 4)
+        if op.prob is None:     # (two passes: the probabilities were already divided)
+            v = v * lvar("rl", "f32")
         if op.guard:
             v = kir.select(lvar("zero", "bool"), f32(0.0), v)
         o = (bz * M + row) * DV + e
@@ -203,29 +225,49 @@ def _build_subgroup(op: P.Attention, prog, cfg, limits, b: Binder):
     body += _query_and_sums(op, b, qb)
     v_off = lvar("v_off", "i32")
     j0 = lvar("j0", "i32")
-    block, scores = [], []
     tail = is_dim(S) or S % Bc != 0
-    for jj in range(Bc):
-        jc = kir.minimum(j0 + jj, S - 1)
-        block.append(Let(f"jc{jj}", jc))
-        jc = lvar(f"jc{jj}", "i32")
-        for t in range(-(-D4 // T)):        # this lane's vec4s of K's row
-            mine = kir.minimum(li + t * T, D4 - 1)
-            block.append(Let(f"kr{jj}_{t}", _vec_of(lambda d: _load_k(op, b, kb, d, jc), D, mine)))
-        dot = None
-        for d4 in range(D4):
-            kv = kir.subgroup_broadcast(lvar(f"kr{jj}_{d4 // T}", "vec4f"), d4 % T)
-            dot = lvar(f"q{d4}", "vec4f") * kv if dot is None else kir.fma(lvar(f"q{d4}", "vec4f"), kv, dot)
-        block.append(Let(f"kq{jj}", dot))
-        tv = lvar(f"kq{jj}", "vec4f")
-        dsum = (kir.lane(tv, 0) + kir.lane(tv, 1)) + (kir.lane(tv, 2) + kir.lane(tv, 3))
-        block.append(Let(f"sc{jj}", _score(op, b, bz, dsum, j0 + jj, tail)))
-        scores.append(lvar(f"sc{jj}", "f32"))
-        for t in range(-(-DV4 // T)):       # this lane's vec4s of V's row
-            mine = kir.minimum(li + t * T, DV4 - 1)
-            block.append(Let(f"vr{jj}_{t}", _vec_of(
-                lambda e: b.load(op.v, v_off + jc * DV + e, [(vb, None), (jc, S), (e, DV)]), DV, mine)))
-    _update(block, scores, lambda jj, e4: kir.subgroup_broadcast(lvar(f"vr{jj}_{e4 // T}", "vec4f"), e4 % T), DV4)
+
+    def scores_of(block: list) -> list:
+        """The block's Bc scores (each key's K row broadcast from the lanes' vec4s of it)."""
+        out = []
+        for jj in range(Bc):
+            block.append(Let(f"jc{jj}", kir.minimum(j0 + jj, S - 1)))
+            jc = lvar(f"jc{jj}", "i32")
+            for t in range(-(-D4 // T)):        # this lane's vec4s of K's row
+                mine = kir.minimum(li + t * T, D4 - 1)
+                block.append(Let(f"kr{jj}_{t}", _vec_of(lambda d: _load_k(op, b, kb, d, jc), D, mine)))
+            dot = None
+            for d4 in range(D4):
+                kv = kir.subgroup_broadcast(lvar(f"kr{jj}_{d4 // T}", "vec4f"), d4 % T)
+                dot = lvar(f"q{d4}", "vec4f") * kv if dot is None else kir.fma(lvar(f"q{d4}", "vec4f"), kv, dot)
+            block.append(Let(f"kq{jj}", dot))
+            tv = lvar(f"kq{jj}", "vec4f")
+            dsum = (kir.lane(tv, 0) + kir.lane(tv, 1)) + (kir.lane(tv, 2) + kir.lane(tv, 3))
+            block.append(Let(f"sc{jj}", _score(op, b, bz, dsum, j0 + jj, tail)))
+            out.append(lvar(f"sc{jj}", "f32"))
+        return out
+
+    def values_of(block: list) -> None:
+        for jj in range(Bc):
+            jc = lvar(f"jc{jj}", "i32")
+            for t in range(-(-DV4 // T)):       # this lane's vec4s of V's row
+                mine = kir.minimum(li + t * T, DV4 - 1)
+                block.append(Let(f"vr{jj}_{t}", _vec_of(
+                    lambda e: b.load(op.v, v_off + jc * DV + e, [(vb, None), (jc, S), (e, DV)]), DV, mine)))
+
+    value = lambda jj, e4: kir.subgroup_broadcast(lvar(f"vr{jj}_{e4 // T}", "vec4f"), e4 % T)  # noqa: E731
+    block = []
+    scores = scores_of(block)
+    if op.prob is None:
+        values_of(block)
+        _update(block, scores, value, DV4)
+    else:       # first the row's maximum and sum, then the probabilities through the softmax's epilogue
+        first = list(block)
+        _update(first, scores, None, 0)
+        body.append(For("j0", i32(0), kir.as_expr(S, "i32"), kir.rename_lets(first, "_p1"), step=Bc))
+        body += _final_max()
+        values_of(block)
+        _accumulate(op, b, bz, block, scores, [j0 + jj for jj in range(Bc)], value, DV4)
     body.append(For("j0", i32(0), kir.as_expr(S, "i32"), block, step=Bc))
     body += _finish(op, b, bz)
     return body, [], (-(-M // T), 1, max(P.numel(op.batch), 1))
@@ -257,51 +299,83 @@ def _build_online(op: P.Attention, prog, cfg, limits, b: Binder):
         """Key j0 + jj clamped to the last (a block past S reads real rows, scored -inf)."""
         return kir.minimum(j0 + jj, S - 1)
 
-    # 1. the block's keys and values into workgroup memory (Ks at Ws[0..], Vs after it)
-    block = _copy(b, "Ws", keys * D4, D4, li, T, lambda jj, d4: _vec_of(lambda d: _load_k(op, b, kb, d, key(jj)), D, d4))
-    block += _copy(b, "Ws", keys * DV4, DV4, li, T, lambda jj, e4: _vec_of(
-        lambda e: b.load(op.v, v_off + key(jj) * DV + e, [(vb, None), (key(jj), S), (e, DV)]), DV, e4), base=kbase)
-    block.append(Barrier())
-
-    # 2. this row's scores for its part of the block, their maximum, the rescaled sums
     tail = is_dim(S) or S % keys != 0
     first = z * Bc                      # this split's first key in the block
-    scores = []
-    for jj in range(Bc):
-        kk = first + jj
-        t = None
-        for d4 in range(D4):
-            kv = kir.sload("Ws", kk * D4 + d4, "vec4f")
-            t = lvar("q0", "vec4f") * kv if t is None else kir.fma(lvar(f"q{d4}", "vec4f"), kv, t)
-        block.append(Let(f"kq{jj}", t))
-        tv = lvar(f"kq{jj}", "vec4f")
-        dsum = (kir.lane(tv, 0) + kir.lane(tv, 1)) + (kir.lane(tv, 2) + kir.lane(tv, 3))
-        block.append(Let(f"sc{jj}", _score(op, b, bz, dsum, j0 + kk, tail)))
-        scores.append(lvar(f"sc{jj}", "f32"))
-    _update(block, scores, lambda jj, e4: kir.sload("Ws", kbase + (first + jj) * DV4 + e4, "vec4f"), DV4)
+    r = li % R
+    slot = lambda zz, k: (zz * R + r) * (DV4 + 1) + k  # noqa: E731   (the splits' sums in Ws, step 3)
+
+    def scores_of(values: bool) -> tuple[list, list]:
+        """1. the block's keys (and values) into workgroup memory (K's rows at Ws[0..], V's after
+        them); 2. this row's scores for its split of the block."""
+        block = _copy(b, "Ws", keys * D4, D4, li, T, lambda jj, d4: _vec_of(
+            lambda d: _load_k(op, b, kb, d, key(jj)), D, d4))
+        if values:
+            block += _copy(b, "Ws", keys * DV4, DV4, li, T, lambda jj, e4: _vec_of(
+                lambda e: b.load(op.v, v_off + key(jj) * DV + e, [(vb, None), (key(jj), S), (e, DV)]), DV, e4),
+                base=kbase)
+        block.append(Barrier())
+        scores = []
+        for jj in range(Bc):
+            t = None
+            for d4 in range(D4):
+                kv = kir.sload("Ws", (first + jj) * D4 + d4, "vec4f")
+                t = lvar("q0", "vec4f") * kv if t is None else kir.fma(lvar(f"q{d4}", "vec4f"), kv, t)
+            block.append(Let(f"kq{jj}", t))
+            tv = lvar(f"kq{jj}", "vec4f")
+            dsum = (kir.lane(tv, 0) + kir.lane(tv, 1)) + (kir.lane(tv, 2) + kir.lane(tv, 3))
+            block.append(Let(f"sc{jj}", _score(op, b, bz, dsum, j0 + first + jj, tail)))
+            scores.append(lvar(f"sc{jj}", "f32"))
+        return block, scores
+
+    value = lambda jj, e4: kir.sload("Ws", kbase + (first + jj) * DV4 + e4, "vec4f")  # noqa: E731
+    m, l = lvar("m", "f32"), lvar("l", "f32")
+    if op.prob is not None:     # a first pass: the row's maximum and sum
+        block, scores = scores_of(False)
+        _update(block, scores, None, 0)
+        block.append(Barrier())
+        body.append(For("j0", i32(0), kir.as_expr(S, "i32"), kir.rename_lets(block, "_p1"), step=keys))
+        if Z > 1:   # the splits' maxima and sums meet: every invocation of the row takes the row's
+            body += [SStore("Ws", slot(z, i32(0)), kir.vec4(m, l, f32(0.0), f32(0.0))), Barrier()]
+            body += [Assign("m", kir.const(NEG_INF, "f32"))]
+            body += [Assign("m", max_nan(m, kir.lane(kir.sload("Ws", slot(i32(zz), i32(0)), "vec4f"), 0)))
+                     for zz in range(Z)]
+            body += [Let("mtr", kir.select(kir.unary("isinf", m), f32(0.0), m)), Assign("l", f32(0.0))]
+            for zz in range(Z):
+                mz = kir.sload("Ws", slot(i32(zz), i32(0)), "vec4f")
+                body.append(Assign("l", kir.fma(kir.lane(mz, 1), kir.unary("exp", kir.lane(mz, 0) - lvar("mtr", "f32")), l)))
+            body.append(Barrier())
+        body += _final_max()
+        block, scores = scores_of(True)
+        _accumulate(op, b, bz, block, scores, [j0 + first + jj for jj in range(Bc)], value, DV4)
+    else:
+        block, scores = scores_of(True)
+        _update(block, scores, value, DV4)
     block.append(Barrier())    # Ws is rewritten by the next block
     body.append(For("j0", i32(0), kir.as_expr(S, "i32"), block, step=keys))
 
     # 3. the splits' maxima, sums and output sums meet in workgroup memory (Ws again)
     if Z > 1:
-        r = li % R
-        slot = lambda zz, k: (zz * R + r) * (DV4 + 1) + k  # noqa: E731
-        m, l = lvar("m", "f32"), lvar("l", "f32")
         body.append(SStore("Ws", slot(z, i32(0)), kir.vec4(m, l, f32(0.0), f32(0.0))))
         body += [SStore("Ws", slot(z, i32(1 + e4)), lvar(f"acc{e4}", "vec4f")) for e4 in range(DV4)]
         body.append(Barrier())
-        comb = [Decl("mt", "f32", kir.const(NEG_INF, "f32"))]
+        comb = [Assign(f"acc{e4}", kir.splat(f32(0.0))) for e4 in range(DV4)]
+        if op.prob is None:     # each split's sums scaled to the row's maximum
+            comb += [Decl("mt", "f32", kir.const(NEG_INF, "f32"))]
+            for zz in range(Z):
+                comb.append(Assign("mt", max_nan(lvar("mt", "f32"), kir.lane(kir.sload("Ws", slot(i32(zz), i32(0)), "vec4f"), 0))))
+            comb.append(Let("mtr", kir.select(kir.unary("isinf", lvar("mt", "f32")), f32(0.0), lvar("mt", "f32"))))
+            comb.append(Assign("l", f32(0.0)))
         for zz in range(Z):
-            comb.append(Assign("mt", max_nan(lvar("mt", "f32"), kir.lane(kir.sload("Ws", slot(i32(zz), i32(0)), "vec4f"), 0))))
-        comb.append(Let("mtr", kir.select(kir.unary("isinf", lvar("mt", "f32")), f32(0.0), lvar("mt", "f32"))))
-        comb += [Assign("l", f32(0.0))] + [Assign(f"acc{e4}", kir.splat(f32(0.0))) for e4 in range(DV4)]
-        for zz in range(Z):
-            mz = kir.sload("Ws", slot(i32(zz), i32(0)), "vec4f")
-            comb.append(Let(f"fz{zz}", kir.unary("exp", kir.lane(mz, 0) - lvar("mtr", "f32"))))
-            f = lvar(f"fz{zz}", "f32")
-            comb.append(Assign("l", kir.fma(kir.lane(mz, 1), f, l)))
-            comb += [Assign(f"acc{e4}", kir.fma(kir.splat(f), kir.sload("Ws", slot(i32(zz), i32(1 + e4)), "vec4f"),
-                                                lvar(f"acc{e4}", "vec4f"))) for e4 in range(DV4)]
+            if op.prob is None:
+                mz = kir.sload("Ws", slot(i32(zz), i32(0)), "vec4f")
+                comb.append(Let(f"fz{zz}", kir.unary("exp", kir.lane(mz, 0) - lvar("mtr", "f32"))))
+                f = lvar(f"fz{zz}", "f32")
+                comb.append(Assign("l", kir.fma(kir.lane(mz, 1), f, l)))
+                comb += [Assign(f"acc{e4}", kir.fma(kir.splat(f), kir.sload("Ws", slot(i32(zz), i32(1 + e4)), "vec4f"),
+                                                    lvar(f"acc{e4}", "vec4f"))) for e4 in range(DV4)]
+            else:               # the probabilities were final: the splits' sums add
+                comb += [Assign(f"acc{e4}", lvar(f"acc{e4}", "vec4f") + kir.sload("Ws", slot(i32(zz), i32(1 + e4)), "vec4f"))
+                         for e4 in range(DV4)]
         body.append(If(li < R, comb + _finish(op, b, bz)))
     else:
         body += _finish(op, b, bz)
