@@ -158,3 +158,9 @@ def test_float16_attention_two_passes(keep_io_types, tmp_path):
         got = webiree.InferenceSession(tmp_path / "build", variant=v).run(None, feeds)[0].astype(np.float32)
         np.testing.assert_allclose(got, three, rtol=1e-3, atol=1e-4, err_msg=v)
         np.testing.assert_allclose(got, ref, rtol=4e-3, atol=3e-3, err_msg=v)
+
+
+def test_attention_past_the_workgroup_grid(tmp_path):
+    """More heads than workgroups along z: not fused, and the products' own clear LimitsError."""
+    with pytest.raises(webiree.LimitsError, match="MatMul batch 70000 exceeds the workgroups per dimension limit"):
+        webiree.compile(sdpa_block(1, 70000, 2, 2, 4, 4, mask=False), tmp_path / "build")

@@ -292,7 +292,8 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
                               shared_bytes=lim["max_compute_workgroup_storage_size"])
     if lim.get("device_class") != "cpu" or lim.get("subgroup_size", 0) in (4, 8, 16):   # see fuse_attention
         passes.fuse_attention(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
-                              table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)))
+                              table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)),
+                              max_groups=lim["max_compute_workgroups_per_dimension"])
     passes.dce(prog)
     passes.pack_constants(prog)
     if "fuse" in dump_after:

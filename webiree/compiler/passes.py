@@ -56,6 +56,7 @@ import numpy as np
 from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
+from ..ir.sym import upper
 from ..ir.program import O, Anchor, Attention, Conv, Generic, MatMul, MatMulChain, Program, Softmax, Tensor, acc_var
 from .memory import in_constant_table
 
@@ -474,13 +475,13 @@ def nan_guard() -> kir.Expr:
     return kir.select(kir.unary("isnan", acc), kir.f32(0.0), acc)
 
 
-def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Program:
+def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_groups: int = 65535) -> Program:
     """Q @ Kt (its prologues and its epilogue: the heads' transposes, a scale, a mask), a softmax
     over its last axis and the product of the probabilities with V become one Attention
     (kernels/attention.py), where the scores and the probabilities are read by nothing else, every
     tensor is f32 (a float16 model's hold f32 values rounded to halves), the head sizes
-    D and DV are at most ATTENTION_HEAD_MAX, and the dispatch binds at most `max_bindings`
-    buffers. The softmax's epilogue is the NaN guard (`nan_guard`), or absent, or any other (a
+    D and DV are at most ATTENTION_HEAD_MAX, the batches (heads) at most `max_groups` (a workgroup
+    each along z) and the dispatch binds at most `max_bindings` buffers. The softmax's epilogue is the NaN guard (`nan_guard`), or absent, or any other (a
     float16 model's rounding), which the kernels compute on each probability in a second pass over
     the keys. Runs after fusion; the driver runs it for every target but a CPU-class one without
     subgroups, where the fused kernel (attention-online) took 2.7x the three dispatches' time on
@@ -511,7 +512,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int) -> Progra
         if not plain(qk, trans_b=True) or not only_reader(qk.out, sm) or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
                 or tuple(qk.batch) != tuple(pv.batch) or tuple(pv.a_batch) != tuple(pv.batch) \
                 or not isinstance(qk.k, int) or not isinstance(pv.n, int) \
-                or qk.k > ATTENTION_HEAD_MAX or pv.n > ATTENTION_HEAD_MAX:
+                or qk.k > ATTENTION_HEAD_MAX or pv.n > ATTENTION_HEAD_MAX \
+                or upper(_numel(pv.batch)) > max_groups:
             continue
         gone = {qk.out, sm.out}
         if any(prog.root(ld.attr) in gone for e in (qk.epilogue, sm.epilogue, pv.epilogue) if e is not None

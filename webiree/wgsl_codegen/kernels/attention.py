@@ -24,6 +24,11 @@ with l = 0: 0 / 0, as ONNX's softmax gives NaN there, or 0 where the softmax's e
 NaN guard (`guard`; also for a NaN score, which the maximum keeps as NaN, as the softmax does).
 Every invocation reaches every barrier: rows past M are computed from the last row and not stored.
 
+Where the softmax's epilogue is another (`prob`: a float16 model rounds each probability to a
+half), a probability is needed whole before it is used, so the keys are walked twice: first the
+row's maximum and sum (K only; the splits' meet in `Ws`), then each probability exp(s - m) / l
+through the epilogue, times V's row, added to out (the splits' out then simply add).
+
 `attention-subgroup` (CPU adapters whose workgroup of T invocations runs as one subgroup, as
 kernels/matmul.py's subgroup-broadcast product): a row an invocation, the same arithmetic without
 workgroup memory or barriers. A key's row of K is loaded a vec4 a lane (lane li holds vec4s li, li + T, ...)
@@ -38,7 +43,7 @@ from __future__ import annotations
 from ...ir import kir
 from ...ir import program as P
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar
-from ...ir.sym import is_dim
+from ...ir.sym import is_dim, upper
 from .common import NEG_INF, Binder, Strategy, batch_indices, lid, radix_rules
 from .pool_reduce import max_nan
 
@@ -58,6 +63,8 @@ def check(strategy: Strategy, op: P.Attention, limits: dict, cfg=None) -> str | 
     sub = strategy == Strategy.ATTENTION_SUBGROUP
     if sub and limits.get("subgroup_size", 0) not in (4, 8, 16):
         return "needs an adapter that runs a workgroup of 4, 8 or 16 invocations as one subgroup"
+    if upper(P.numel(op.batch)) > limits["max_compute_workgroups_per_dimension"]:
+        return f"needs {upper(P.numel(op.batch))} workgroups along z, one a batch (a head)"
     if cfg is None:
         return None
     t = cfg.workgroup_size[0]
