@@ -248,6 +248,21 @@ def test_kernel_variant_picked_by_the_adapter(page, server, sites):
         in r["error"], r
 
 
+def _one_dispatch_in_every_variant(page, server, sites, name, model, feeds, strategies):
+    """Build `model` for every adapter, run it in Chromium in the variant picked (cpu-sg4 on
+    SwiftShader), in 'gpu' and in 'cpu', and check each against onnxruntime and that its one
+    dispatch is the expected strategy (strategies: variant -> strategy)."""
+    res = webiree.compile(model, sites[0] / name)
+    by_variant = {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
+    ref = ort_run(model, feeds)[0]
+    for option, want in ((None, "cpu-sg4"), ("gpu", "gpu"), ("cpu", "cpu")):
+        assert by_variant[want] == [strategies[want]], by_variant
+        r = run_site(page, server, name, feeds, options={"variant": option} if option else {"startTier": False})
+        check_no_error(r)
+        assert r["variant"] == want, r
+        assert_close(decode_outputs(r)[model.graph.output[0].name], ref, name=f"{name} ({want})")
+
+
 def test_chained_products_in_every_variant(page, server, sites):
     """A feed-forward block as one chained-product dispatch (kernels/matmul_chain.py) on
     SwiftShader in each kernel variant: chain-subgroup with subgroups of 4 in 'cpu-sg4' (the one
@@ -255,17 +270,8 @@ def test_chained_products_in_every_variant(page, server, sites):
     against onnxruntime; ragged rows and chunks (33 rows, H = 200)."""
     from .test_matmul_chain import ffn
     model = ffn(33, 64, 200, 64)
-    res = webiree.compile(model, sites[0] / "ffn")
-    by_variant = {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
-    feeds = sample_inputs(model)
-    ref = ort_run(model, feeds)[0]
-    for option, want, strategy in ((None, "cpu-sg4", "chain-subgroup"), ("gpu", "gpu", "chain-shared"),
-                                   ("cpu", "cpu", "chain-shared")):
-        assert by_variant[want] == [strategy], by_variant
-        r = run_site(page, server, "ffn", feeds, options={"variant": option} if option else {"startTier": False})
-        check_no_error(r)
-        assert r["variant"] == want, r
-        assert_close(decode_outputs(r)["y"], ref, name=f"ffn ({want})")
+    _one_dispatch_in_every_variant(page, server, sites, "ffn", model, sample_inputs(model),
+                                   {"cpu-sg4": "chain-subgroup", "gpu": "chain-shared", "cpu": "chain-shared"})
 
 
 def test_fused_attention_in_every_variant(page, server, sites):
@@ -277,18 +283,11 @@ def test_fused_attention_in_every_variant(page, server, sites):
 
     from webiree.testing.models import sdpa_block
     model = sdpa_block(2, 3, 33, 45, 20, 12)
-    res = webiree.compile(model, sites[0] / "sdpa")
-    by_variant = {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
     feeds = sample_inputs(model)
     feeds["mask"][0, 0, :3, :] = -np.inf
-    ref = ort_run(model, feeds)[0]
-    for option, want, strategy in ((None, "cpu-sg4", "attention-subgroup"), ("gpu", "gpu", "attention-online"),
-                                   ("cpu", "cpu", "attention-online")):
-        assert by_variant[want] == [strategy], by_variant
-        r = run_site(page, server, "sdpa", feeds, options={"variant": option} if option else {"startTier": False})
-        check_no_error(r)
-        assert r["variant"] == want, r
-        assert_close(decode_outputs(r)["y"], ref, name=f"sdpa ({want})")
+    _one_dispatch_in_every_variant(page, server, sites, "sdpa", model, feeds,
+                                   {"cpu-sg4": "attention-subgroup", "gpu": "attention-online",
+                                    "cpu": "attention-online"})
 
 
 START_TIER_JS = """async ({url, runtime, feeds, options}) => {

@@ -225,6 +225,12 @@ def _readers(prog: Program) -> dict[str, list]:
     return out
 
 
+def _only_reader(readers: dict, outputs: set, t: str, op) -> bool:
+    """Whether `op` is the one reader of `t`, which is no graph output (its producer may then be
+    fused into `op`, the tensor dropped)."""
+    return t not in outputs and [id(r) for r in readers.get(t, [])] == [id(op)]
+
+
 def _loads_of_tensor(expr, name):
     return [n for n in kir.walk(expr) if n.op == "load" and n.attr == name]
 
@@ -441,8 +447,8 @@ def fuse_matmul_chains(prog: Program, max_bindings: int, table_below: int, share
         if not plain(second):
             continue
         first = producer.get(prog.root(second.a))
-        if not plain(first) or first.out in outputs or first.n != second.k or first.m != second.m \
-                or [id(r) for r in readers.get(first.out, [])] != [id(second)] \
+        if not plain(first) or not _only_reader(readers, outputs, first.out, second) or first.n != second.k \
+                or first.m != second.m \
                 or _numel(prog.tensors[second.a].shape) != first.m * first.n \
                 or second.epilogue is not None and any(prog.root(ld.attr) == first.out
                                                        for ld in kir.loads_of(second.epilogue)):
@@ -479,20 +485,18 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
     """Q @ Kt (its prologues and its epilogue: the heads' transposes, a scale, a mask), a softmax
     over its last axis and the product of the probabilities with V become one Attention
     (kernels/attention.py), where the scores and the probabilities are read by nothing else, every
-    tensor is f32 (a float16 model's hold f32 values rounded to halves), the head sizes
-    D and DV are at most ATTENTION_HEAD_MAX, the batches (heads) at most `max_groups` (a workgroup
-    each along z) and the dispatch binds at most `max_bindings` buffers. The softmax's epilogue is the NaN guard (`nan_guard`), or absent, or any other (a
-    float16 model's rounding), which the kernels compute on each probability in a second pass over
-    the keys. Runs after fusion; the driver runs it for every target but a CPU-class one without
-    subgroups, where the fused kernel (attention-online) took 2.7x the three dispatches' time on
-    lavapipe (with subgroups, attention-subgroup takes half of theirs)."""
+    tensor is f32 (a float16 model's hold f32 values rounded to halves), the head sizes D and DV
+    are at most ATTENTION_HEAD_MAX, the batches (heads) at most `max_groups` (a workgroup each
+    along z) and the dispatch binds at most `max_bindings` buffers. The softmax's epilogue is the
+    NaN guard (`nan_guard`), or absent, or any other (a float16 model's rounding), which the
+    kernels compute on each probability in a second pass over the keys. Runs after fusion; the
+    driver runs it for every target but a CPU-class one without subgroups, where the fused kernel
+    (attention-online) took 2.7x the three dispatches' GPU time on lavapipe (with subgroups,
+    attention-subgroup takes 0.39x of theirs)."""
     outputs = {prog.root(o) for o in prog.outputs}
     producer = {op.out: op for op in prog.ops}
     readers = _readers(prog)
     guard = nan_guard()
-
-    def only_reader(t, op) -> bool:
-        return t not in outputs and [id(r) for r in readers.get(t, [])] == [id(op)]
 
     def dtype(op, t) -> str:     # an input's element type, also where a prologue computes it
         return op.prologues[t].dtype if t in op.prologues else prog.tensors[prog.root(t)].dtype
@@ -506,10 +510,11 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
             continue
         sm = producer.get(prog.root(pv.a))
         if not isinstance(sm, Softmax) or sm.log or sm.inner != 1 or sm.prologues \
-                or not only_reader(sm.out, pv):
+                or not _only_reader(readers, outputs, sm.out, pv):
             continue
         qk = producer.get(prog.root(sm.x))
-        if not plain(qk, trans_b=True) or not only_reader(qk.out, sm) or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
+        if not plain(qk, trans_b=True) or not _only_reader(readers, outputs, qk.out, sm) \
+                or qk.n != sm.r or qk.n != pv.k or qk.m != pv.m \
                 or tuple(qk.batch) != tuple(pv.batch) or tuple(pv.a_batch) != tuple(pv.batch) \
                 or not isinstance(qk.k, int) or not isinstance(pv.n, int) \
                 or qk.k > ATTENTION_HEAD_MAX or pv.n > ATTENTION_HEAD_MAX \

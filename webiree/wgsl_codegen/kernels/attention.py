@@ -44,7 +44,7 @@ from ...ir import kir
 from ...ir import program as P
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, f32, i32, lvar
 from ...ir.sym import is_dim, upper
-from .common import NEG_INF, Binder, Strategy, batch_indices, lid, radix_rules
+from .common import NEG_INF, Binder, Strategy, apply_epilogue, batch_indices, lid
 from .pool_reduce import max_nan
 
 
@@ -96,15 +96,6 @@ def _load_k(op: P.Attention, b: Binder, kb, d, j):
     return b.load(op.kt, k_off + d * op.s + j, [(kb, None), (d, op.d), (j, op.s)])
 
 
-def _apply(expr, b: Binder, acc, o, radix):
-    """A fused epilogue at element `o` = flat index of the coordinates `radix` ([(c, size)])."""
-    if expr is None:
-        return acc
-    mapping = {P.acc_var("f32"): acc, P.O: o}
-    mapping.update(radix_rules(radix))
-    return kir.substitute(b.expr(expr), mapping)
-
-
 def _vec_of(load, width: int, d4):
     """A vec4 of values load(d), d = 4 * d4 + lane, lanes past `width` zero (d4 may be computed)."""
     lanes = []
@@ -154,7 +145,7 @@ def _score(op: P.Attention, b: Binder, bz, dot, j, tail: bool):
     """A key's score from its dot product: alpha, the first product's epilogue, -inf past S."""
     rc = lvar("rc", "i32")
     s = dot * op.alpha if op.alpha != 1.0 else dot
-    s = _apply(op.score, b, s, (bz * op.m + rc) * op.s + j, [(bz, None), (rc, op.m), (j, op.s)])
+    s = apply_epilogue(op.score, b, s, (bz * op.m + rc) * op.s + j, radix=[(bz, None), (rc, op.m), (j, op.s)])
     return kir.select(j < op.s, s, kir.const(NEG_INF, "f32")) if tail else s
 
 
@@ -187,7 +178,7 @@ def _accumulate(op: P.Attention, b: Binder, bz, block: list, scores: list, js: l
     rc, mg, l = lvar("rc", "i32"), lvar("mg", "f32"), lvar("l", "f32")
     for jj, (s, j) in enumerate(zip(scores, js)):
         p = kir.unary("exp", s - mg) / l
-        p = _apply(op.prob, b, p, (bz * op.m + rc) * op.s + j, [(bz, None), (rc, op.m), (j, op.s)])
+        p = apply_epilogue(op.prob, b, p, (bz * op.m + rc) * op.s + j, radix=[(bz, None), (rc, op.m), (j, op.s)])
         block.append(Let(f"pe{jj}", p))
         block += [Assign(f"acc{e4}", kir.fma(kir.splat(lvar(f"pe{jj}", "f32")), value_of(jj, e4),
                                              lvar(f"acc{e4}", "vec4f"))) for e4 in range(DV4)]
@@ -217,7 +208,7 @@ def _finish(op: P.Attention, b: Binder, bz) -> list:
         if op.guard:
             v = kir.select(lvar("zero", "bool"), f32(0.0), v)
         o = (bz * M + row) * DV + e
-        stores.append(Store(out, o, _apply(op.epilogue, b, v, o, [(bz, None), (row, M), (i32(e), DV)])))
+        stores.append(Store(out, o, apply_epilogue(op.epilogue, b, v, o, radix=[(bz, None), (row, M), (i32(e), DV)])))
     body.append(If(row < M, kir.share_reads(stores, {out})))
     return body
 

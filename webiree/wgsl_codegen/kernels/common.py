@@ -349,11 +349,15 @@ def epilogue(op: P.Anchor, b: Binder, acc: kir.Expr, o: kir.Expr, splits=()) -> 
     return apply_epilogue(op.epilogue, b, acc, o, splits)
 
 
-def apply_epilogue(expr: kir.Expr | None, b: Binder, acc: kir.Expr, o: kir.Expr, splits=()) -> kir.Expr:
-    """`epilogue` for an epilogue expression of its own (a chain's first product's, `mid`)."""
+def apply_epilogue(expr: kir.Expr | None, b: Binder, acc: kir.Expr, o: kir.Expr, splits=(), radix=None) -> kir.Expr:
+    """`epilogue` for an epilogue expression of its own (a chain's first product's, `mid`; an
+    attention's score and probability epilogues). radix: o's coordinates as Binder.load takes
+    them, whose divisions of o become the coordinates (radix_rules)."""
     if expr is None:
         return acc
     mapping = {P.acc_var(acc.dtype): acc, O: o}
+    if radix:
+        mapping.update(radix_rules(radix))
     for quotient, remainder, divisor in splits:
         d = kir.as_expr(divisor, "i32")
         _rule(mapping, kir.binary("div", O, d), quotient)
