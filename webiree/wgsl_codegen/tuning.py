@@ -31,9 +31,9 @@ import json
 from ..errors import WebireeError
 from ..ir import program as P
 from ..ir.program import numel
-from .config import SERIAL_LOOP_ITERATIONS, _row_passes, choose, planning_view
+from .config import SERIAL_LOOP_ITERATIONS, _row_passes, choose, depthwise_shared, planning_view
 from .kernels import check
-from .kernels.common import ConvTile, KernelConfig, RowBlockTile
+from .kernels.common import ConvTile, DepthwiseTile, KernelConfig, RowBlockTile
 from .kernels.common import Strategy as S
 from .kernels.matmul import matmul_vec4_ok
 from .kernels.matmul_int8 import RANGE_UNROLL
@@ -130,6 +130,13 @@ def _conv_candidates(v: P.Conv, limits: dict):
         for wg in (32, 64, 128):
             for width in (2, 4, 8):
                 yield KernelConfig((wg, 1, 1), RowBlockTile(1, width), 1, S.ROW_BLOCK)
+    if len(v.out_shape) == 4 and v.w_shape[1] == 1:
+        first = depthwise_shared(v, limits)
+        if first is not None:
+            yield first
+        for tx, ty in ((16, 8), (8, 8), (32, 4), (16, 16), (8, 16)):
+            for rows, width in ((1, 1), (2, 2), (1, 4), (2, 4), (4, 2)):
+                yield KernelConfig((tx, ty, 1), DepthwiseTile(rows, width), 1, S.DEPTHWISE_SHARED)
 
 
 def _rows_candidates(v, limits: dict):

@@ -54,7 +54,7 @@ def check(strategy: Strategy, op: P.Op, limits: dict, cfg: KernelConfig | None =
     if isinstance(op, P.MatMul):
         return matmul.check(strategy, op, limits)
     if isinstance(op, P.Conv):
-        return conv.check(strategy, op, limits)
+        return conv.check(strategy, op, limits, cfg)
     return None
 
 

@@ -29,6 +29,7 @@ class Strategy(str, enum.Enum):
     TILED_SHARED = "tiled-shared"                # matmul, GPUs: scalar tiles in workgroup memory
     DIRECT = "direct"                            # conv: a block of output channels per invocation
     ROW_BLOCK = "row-block"                      # conv, CPU adapters: outputs of a row per invocation
+    DEPTHWISE_SHARED = "depthwise-shared"        # depthwise conv, GPUs: the input window in workgroup memory
     WINDOW = "window"                            # pool: one invocation per output
     WORKGROUP_TREE = "workgroup-tree"            # reduce, softmax, layernorm: a row per workgroup
     ROW_PER_INVOCATION = "row-per-invocation"    # softmax, layernorm, CPU adapters
@@ -57,6 +58,11 @@ class RowBlockTile(NamedTuple):
     width: int                   # consecutive outputs of a row one invocation computes
 
 
+class DepthwiseTile(NamedTuple):
+    rows: int                    # depthwise-shared: output rows and
+    width: int                   # consecutive outputs of each row one invocation computes
+
+
 class ChainTile(NamedTuple):
     rows: int                    # chain-shared, chain-subgroup: rows of A a workgroup owns,
     cols: int                    # vec4 column slots an invocation computes at once,
@@ -76,7 +82,8 @@ class PackTile(NamedTuple):
 
 TILES = {Strategy.SUBGROUP_BROADCAST: MatmulTile, Strategy.REGISTER_BLOCKED: MatmulTile,
          Strategy.SPLIT_K: MatmulTile, Strategy.TILED_SHARED_VEC4: MatmulTile, Strategy.TILED_SHARED: MatmulTile,
-         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile, Strategy.RANGE_PACK: PackTile,
+         Strategy.DIRECT: ConvTile, Strategy.ROW_BLOCK: RowBlockTile, Strategy.DEPTHWISE_SHARED: DepthwiseTile,
+         Strategy.RANGE_PACK: PackTile,
          Strategy.CHAIN_SHARED: ChainTile, Strategy.CHAIN_SUBGROUP: ChainTile,
          Strategy.ATTENTION_ONLINE: AttentionTile, Strategy.ATTENTION_SUBGROUP: AttentionTile}
 
