@@ -87,3 +87,45 @@ def test_hoisting_keeps_the_values(tmp_path):
         (mm,) = [d for d in res.dispatches if d.kind == "matmul"]
         tops = [s.name for s in mm.kernel.body if isinstance(s, Let)]
         assert any(name.startswith("inv") for name in tops), tops      # the scale, read once
+
+
+def _qdq_convs(c=32, m=48):
+    """x -> Conv 1x1 (c -> m) -> Relu -> depthwise Conv 3x3 -> y, each weight int8 through a
+    per-channel DequantizeLinear (axis 0, zero points not 0), as quantize_static writes them."""
+    rng = np.random.default_rng(8)
+    nodes, inits = [], []
+    for name, shape in (("w1", [m, c, 1, 1]), ("w2", [m, 1, 3, 3])):
+        inits += [helper.make_tensor(f"{name}q", T.INT8, shape, rng.integers(-100, 100, size=shape).astype(np.int8).tobytes(), raw=True),
+                  numpy_helper.from_array((rng.random(m) * 0.02 + 0.001).astype(np.float32), f"{name}s"),
+                  helper.make_tensor(f"{name}z", T.INT8, [m], rng.integers(-3, 4, size=m).astype(np.int8).tobytes(), raw=True)]
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}q", f"{name}s", f"{name}z"], [name], axis=0))
+    nodes += [helper.make_node("Conv", ["x", "w1"], ["p"]), helper.make_node("Relu", ["p"], ["r"]),
+              helper.make_node("Conv", ["r", "w2"], ["y"], group=m, pads=[1] * 4)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, c, 12, 12])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, m, 12, 12])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+def test_a_channels_scale_is_read_once(tmp_path):
+    """Per-channel dequantized weights: a 1x1 convolution's product (A the weights, a vec4 of K a
+    row) reads each row's scale and zero point once, not once per lane, and its four int8 values
+    as one word; a depthwise window's nine weights share one read of each. Same values as
+    onnxruntime."""
+    from webiree.wgsl_codegen.kernels.common import Strategy
+    model = _qdq_convs()
+    feeds = {"x": np.random.default_rng(9).standard_normal([1, 32, 12, 12]).astype(np.float32)}
+    limits = {"device_class": "cpu", "subgroup_size": 8}
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+    def reads(d, tensor):
+        slot = f"b{d.tensors.index(tensor)}"
+        nodes = {n for s in kir.statements(d.kernel.body) for e in kir.stmt_exprs(s) for n in kir.walk(e)}
+        return len({n for n in nodes if n.op == "load" and n.attr == slot})
+    mm, dw = res.dispatches
+    assert (mm.config.strategy, dw.config.strategy) == (Strategy.SUBGROUP_BROADCAST, Strategy.ROW_BLOCK)
+    rows = mm.config.tile.rows
+    # the scales and zero points are small: both in the constant table, one read each a row
+    assert reads(mm, "__const_table") == 2 * rows, (reads(mm, "__const_table"), rows)
+    assert reads(mm, "w1q") == rows                                 # the row's 4 values: one word
+    assert reads(dw, "__const_table") == 2

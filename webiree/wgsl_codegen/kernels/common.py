@@ -190,16 +190,25 @@ class Binder:
             mapping = {O: index}
             if radix:
                 mapping.update(radix_rules(radix))
-            return kir.substitute(self.expr(self.prologues[tensor]), mapping)
+            # the index goes in before the prologue's loads are decoded, so a packed operand's
+            # word of four lanes (index x * 4 + q) is one load, not four (packing._split)
+            return self.expr(kir.substitute(self.prologues[tensor], mapping))
         return self._read(tensor, index, self.dtype(tensor))
 
-    def load4(self, tensor: str, index4) -> kir.Expr:
+    def load4(self, tensor: str, index4, radix=None) -> kir.Expr:
         """Elements 4*index4 .. 4*index4+3 of an f32 tensor as one vec4f (four computed
-        elements where a fused prologue produces the tensor)."""
+        elements where a fused prologue produces the tensor). radix: index4's coordinates, as
+        `load` takes them, the last one counting vec4s (a row's per-channel scale of a computed
+        operand is then read once for the four, not once per lane)."""
         index4 = kir.as_expr(index4, "i32")
         t = self.prog.tensors[self.prog.root(tensor)] if tensor not in self.prologues else None
         if t is None or t.pack is not None or t.table_word is not None or self.bound_scalar(tensor):
-            return kir.vec4(*(self.load(tensor, index4 * 4 + q) for q in range(4)))
+            def lane_radix(q):
+                if not radix:
+                    return None
+                c, s = radix[-1]
+                return list(radix[:-1]) + [(c * 4 + q, s * 4)]
+            return kir.vec4(*(self.load(tensor, index4 * 4 + q, lane_radix(q)) for q in range(4)))
         return kir.load(self.name(tensor, vec=True), index4, "vec4f")
 
     def load4u(self, tensor: str, index4) -> kir.Expr:

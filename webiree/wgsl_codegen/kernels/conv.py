@@ -40,6 +40,12 @@ def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
     cbody = [Let("xbase", (n * C + g * Cg + c) * (H * W)), Let("wbase", (m * Cg + c) * (KH * KW)),
              Let("iw0", ow0 * sw - pw)]
     iw0 = lvar("iw0", "i32")
+    weights = [Let(f"w{kh}_{kw}", b.load(op.w, lvar("wbase", "i32") + kh * KW + kw,
+                                         [(m * Cg + c, M * Cg), (i32(kh), KH), (i32(kw), KW)]))
+               for kh in range(KH) for kw in range(KW)]
+    # the window's weights before its rows, what they share read once (a quantized convolution's
+    # per-channel scale and zero point: once, not once a weight); no store precedes these reads
+    cbody += kir.share_reads(weights, set())
     for kh in range(KH):
         ih = oh * sh - ph + kh * dh
         row = [Let(f"xrow{kh}", lvar("xbase", "i32") + ih * W)]
@@ -49,7 +55,6 @@ def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
             v = b.load(op.x, lvar(f"xrow{kh}", "i32") + kir.clamp(iw, 0, W - 1))
             row.append(Let(f"x{kh}_{off}", select(inside, v, f32(0.0))))
         for kw in range(KW):
-            row.append(Let(f"w{kh}_{kw}", b.load(op.w, lvar("wbase", "i32") + kh * KW + kw)))
             for j in range(rw):
                 x = lvar(f"x{kh}_{j * sw + kw * dw}", "f32")
                 row.append(Assign(f"acc{j}", kir.fma(x, lvar(f"w{kh}_{kw}", "f32"), lvar(f"acc{j}", "f32"))))
@@ -115,9 +120,9 @@ def _conv_depthwise_shared(op: P.Conv, prog, cfg, limits, b: Binder):
         st = [SStore("xs", idx, select(inside, v, f32(0.0)))]
         body += st if (step + 1) * per <= size else [If(idx < size, st)]
     body.append(Barrier())
-    for kh in range(KH):
-        for kw in range(KW):
-            body.append(Let(f"w{kh}_{kw}", b.load(op.w, m * (KH * KW) + kh * KW + kw)))
+    body += kir.share_reads([Let(f"w{kh}_{kw}", b.load(op.w, m * (KH * KW) + kh * KW + kw,
+                                                       [(m, M), (i32(kh), KH), (i32(kw), KW)]))
+                             for kh in range(KH) for kw in range(KW)], set())    # as _conv_row_block's
     ty, tx = lid(1), lid(0)
     body += [Let("rb", ty * (rh * sh)), Let("cb", tx * (rw * sw))]
     rb, cb = lvar("rb", "i32"), lvar("cb", "i32")
@@ -212,7 +217,8 @@ def build_conv(op: P.Conv, prog, cfg, limits, b: Binder):
         xv = b.load(op.x, lvar("xbase", "i32") + P.flat_of(pos, in_sp))
         stmts = [Let("xv", xv)]
         for j in range(cb):
-            wv = b.load(op.w, lvar(f"wbase{j}", "i32") + P.flat_of(kc, op.w_shape[2:]))
+            wv = b.load(op.w, lvar(f"wbase{j}", "i32") + P.flat_of(kc, op.w_shape[2:]),
+                        [((m0 + j) * Cg + c, M * Cg)] + list(zip(kc, op.w_shape[2:])))
             stmts.append(Assign(f"acc{j}", kir.fma(lvar("xv", "f32"), wv, lvar(f"acc{j}", "f32"))))
         return stmts
     cbody = [Let("xbase", (n * C + g * Cg + c) * numel(in_sp))]

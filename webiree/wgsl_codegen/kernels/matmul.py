@@ -209,20 +209,23 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     slots, K4 = N // vec, K // 4
     acc_t = "vec4f" if vec == 4 else "f32"
     bz, a_off, b_off = _batch_offsets(op)
+    ab = _batch_indices(op)[0]
     body = [Let("a_off4", a_off // 4), Let("b_offv", b_off // vec),
             Let("n0", kir.cast(kir.WID[0], "i32") * (S * rn) + lid()),
             Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
     n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
     a_off4, b_offv = lvar("a_off4", "i32"), lvar("b_offv", "i32")
+    mr = [kir.minimum(m0 + i, M - 1) for i in range(rm)]
     for i in range(rm):
-        body.append(Let(f"ar{i}", a_off4 + kir.minimum(m0 + i, M - 1) * K4))
+        body.append(Let(f"ar{i}", a_off4 + mr[i] * K4))
     nc = _slots_and_accumulators(body, n0, S, slots, rm, rn, acc_t)
     ar = [lvar(f"ar{i}", "i32") for i in range(rm)]
     load_b = b.load4 if vec == 4 else b.load
 
     def block(k0, a_col4, steps):
         """`steps` values of K from k0: one A load per row, then broadcast and multiply."""
-        stmts = [Let(f"av{i}", b.load4(op.a, ar[i] + a_col4)) for i in range(rm)]
+        stmts = [Let(f"av{i}", b.load4(op.a, ar[i] + a_col4, [(ab, None), (mr[i], M), (a_col4, K4)]))
+                 for i in range(rm)]
         for kk in range(steps):
             src, q = kk // 4, kk % 4
             stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
@@ -263,7 +266,7 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
     M, N, K = op.m, op.n, op.k
     N4, K4, BK4 = -(-N // 4), K // 4, bk // 4
     by_values = not matmul_vec4_ok(op)
-    _, bb = _batch_indices(op)
+    ab, bb = _batch_indices(op)
     tm, tn4 = wy * rm, wx * rn
     nthreads = wx * wy
     bz, a_off_e, b_off_e = _batch_offsets(op)
@@ -289,7 +292,8 @@ def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
     def a_at(idx, k0):   # row idx / BK4 of the tile, vec4 idx % BK4 of the K step
         r, c = idx // BK4, idx % BK4
         k4 = k0 // 4 + c
-        v = b.load4(op.a, a_off4 + kir.minimum(m0 + r, M - 1) * K4 + kir.minimum(k4, K4 - 1))
+        row, col4 = kir.minimum(m0 + r, M - 1), kir.minimum(k4, K4 - 1)
+        v = b.load4(op.a, a_off4 + row * K4 + col4, [(ab, None), (row, M), (col4, K4)])
         return select(k4 < K4, v, zero4)
 
     def b_at(idx, k0):   # row (k) idx / tn4 of the step, vec4 column idx % tn4 of the tile
