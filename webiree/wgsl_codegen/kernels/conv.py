@@ -12,6 +12,14 @@ from ...ir.sym import Dim
 from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, window_loops
 
 
+def _sizes_2d(op: P.Conv) -> tuple:
+    """A 2-D convolution's N, C, H, W, M, C/group, KH, KW, M/group, OH, OW, strides, dilations
+    and leading pads, in that order."""
+    M = op.w_shape[0]
+    return (*op.x_shape, *op.w_shape, M // op.group, *op.out_shape[2:], *op.strides, *op.dilations,
+            op.pads[0], op.pads[1])
+
+
 def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
     """2-D convolution for CPU adapters: each invocation computes RW consecutive outputs of one
     output row (one output channel), loading each input value of the window's rows once for all
@@ -19,12 +27,7 @@ def _conv_row_block(op: P.Conv, prog, cfg, limits, b: Binder):
     for 4 outputs is 3 x 6 + 9 loads instead of 4 x 18)."""
     wg = cfg.workgroup_size[0]
     rw = cfg.tile.width
-    N, C, H, W = op.x_shape
-    M, Cg, KH, KW = op.w_shape
-    Mg = M // op.group
-    OH, OW = op.out_shape[2:]
-    (sh, sw), (dh, dw) = op.strides, op.dilations
-    ph, pw = op.pads[0], op.pads[1]
+    N, C, H, W, M, Cg, KH, KW, Mg, OH, OW, sh, sw, dh, dw, ph, pw = _sizes_2d(op)
     blocks = -(-OW // rw)
     total = N * M * OH * blocks
     t = lvar("t", "i32")
@@ -95,12 +98,7 @@ def _conv_depthwise_shared(op: P.Conv, prog, cfg, limits, b: Binder):
     window's rows that its outputs share once, with the channel's weights in registers."""
     tx_n, ty_n, _ = cfg.workgroup_size
     rh, rw = cfg.tile
-    N, C, H, W = op.x_shape
-    M, _, KH, KW = op.w_shape
-    Mg = M // op.group
-    OH, OW = op.out_shape[2:]
-    (sh, sw), (dh, dw) = op.strides, op.dilations
-    ph, pw = op.pads[0], op.pads[1]
+    N, C, H, W, M, _, KH, KW, Mg, OH, OW, sh, sw, dh, dw, ph, pw = _sizes_2d(op)
     ith, itw = depthwise_window(op, cfg)
     per = tx_n * ty_n
     size = ith * itw
