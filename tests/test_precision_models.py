@@ -97,7 +97,7 @@ VARIANTS = {
     "bert_dynamic_quint8": ("bert", "dynamic", {"weight_type": "QUInt8"}, "float32"),
     "mobilenet_qdq": ("mobilenet", "qdq", {"per_channel": True}, "float32"),
 }
-BROWSER_VARIANTS = ["mobilenet_fp16", "bert_dynamic_qint8"]
+BROWSER_VARIANTS = ["mobilenet_fp16", "bert_dynamic_qint8", "mobilenet_qdq"]
 
 
 def image_feeds(seed: int) -> dict:
@@ -304,14 +304,32 @@ def test_weights_keep_their_shipped_size(models, name, capsys):
     assert forms.get(form, 0) > 0.8 * written and 0 <= written - sum(forms.values()) < 256 * len(forms) * 64, forms
     assert "weights stored as: " in text and f"{form} {forms[form]} B" in text
     contractions = [d for d in res.module.info["dispatches"] if d["kind"] in ("matmul", "conv")]
-    # f32 compute, except quantize_dynamic's products: exact int8 products in i32, dequantized to f32
+    # f32 compute, except quantize_dynamic's products and QDQ pointwise convolutions: exact int8
+    # products in i32, dequantized to f32
     integer = [d for d in contractions if d["precision"].startswith("int8 products in i32")]
     assert contractions and all(d["precision"].startswith("f32") for d in contractions if d not in integer)
-    assert len(integer) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), \
-        [d["precision"] for d in contractions]
+    assert len(integer) == integer_contractions(model), [d["precision"] for d in contractions]
     weights = [d["precision"].partition("weights ")[2].split(",")[0].split("/") for d in contractions]
     assert sum(form in w for w in weights) >= len(contractions) // 2, \
         [d["precision"] for d in contractions]
+
+
+def integer_contractions(model: onnx.ModelProto) -> int:
+    """The contractions webiree sums in integers: each MatMulInteger, and each pointwise Conv (1x1,
+    one group) of two DequantizeLinears, whose weights are 8-bit initializers (ops/quant.py qdq_conv)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
+    count = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    for n in model.graph.node:
+        if n.op_type != "Conv":
+            continue
+        dx, dw = producer.get(n.input[0]), producer.get(n.input[1])
+        if not dx or not dw or {dx.op_type, dw.op_type} != {"DequantizeLinear"}:
+            continue
+        w = inits.get(dw.input[0])
+        group = next((a.i for a in n.attribute if a.name == "group"), 1)
+        count += w is not None and group == 1 and all(d == 1 for d in w.dims[2:])
+    return count
 
 
 # ---------------------------------------------------------------- the browser

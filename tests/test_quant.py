@@ -252,3 +252,147 @@ def test_qlinear_matmul_with_constant_weights_is_an_integer_product(tmp_path):
     assert 0 < int((ref == 0).sum() + (ref == 255).sum()), "the case should saturate somewhere"
     assert [d.kind for d in res.dispatches] == ["generic", "matmul"]
     assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
+
+
+def _conv_integer(c, o, hw, x_type, w_type, x_zp, w_zp, images=1, seed=0, x_range=None, w_range=None):
+    """ConvInteger 1x1 of a run-time [images, c, h, w] x with a constant [o, c, 1, 1] w and constant
+    zero points, and numpy's exact int64 result."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(*(w_range or INT_RANGE[w_type]), size=(o, c, 1, 1)).astype(NP_INT[w_type])
+    x = rng.integers(*(x_range or INT_RANGE[x_type]), size=(images, c) + hw).astype(NP_INT[x_type])
+    inits = [helper.make_tensor("w", w_type, list(w.shape), w.tobytes(), raw=True),
+             helper.make_tensor("xz", x_type, [], [x_zp]), helper.make_tensor("wz", w_type, [], [w_zp])]
+    g = helper.make_graph([helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", x_type, list(x.shape))],
+                          [helper.make_tensor_value_info("y", T.INT32, [images, o] + list(hw))], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    exact = np.einsum("oc,nchw->nohw", w[:, :, 0, 0].astype(np.int64) - w_zp, x.astype(np.int64) - x_zp)
+    return model, {"x": x}, exact
+
+
+# (c, o, (h, w), x's type, w's type, x's zero point, w's zero point): sums past 2^24 (an f32 sum
+# rounds them: x - 255 in [-255, -195] times w - 128 in [-128, -98] over 1,024 channels, 35 pixels,
+# not a multiple of 4), a signed image and weights, uint8 weights with an odd output count
+POINTWISE = [(1024, 24, (5, 7), T.UINT8, T.UINT8, 255, 128, (0, 61), (0, 31)),
+             (96, 40, (8, 8), T.INT8, T.INT8, -3, 0, None, None),
+             (32, 13, (3, 3), T.UINT8, T.UINT8, 17, 128, None, None)]
+
+
+@pytest.mark.parametrize("limits", ["gpu", "cpu", "adapter"])
+@pytest.mark.parametrize("case", POINTWISE, ids=lambda c: f"{c[0]}to{c[1]}")
+def test_pointwise_conv_integer_is_one_exact_integer_product(tmp_path, case, limits):
+    """A pointwise ConvInteger of one image (ops/quant.py integer_conv): the weights packed four
+    channels to a word at build time, the image's four channels a pixel packed by one Generic,
+    dot4I8Packed in i32, x's zero point through the row sums: numpy's exact int64 result, element for
+    element, including sums past 2^24 that an f32 sum (the kernel before) rounds."""
+    c, o, hw, xt, wt, xz, wz, xr, wr = case
+    model, feeds, exact = _conv_integer(c, o, hw, xt, wt, xz, wz, x_range=xr, w_range=wr)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    assert got.dtype == np.int32 and got.shape == exact.shape
+    np.testing.assert_array_equal(got, exact)
+    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
+    assert d["precision"].startswith("int8 products in i32"), d["precision"]
+    if case is POINTWISE[0]:
+        assert np.abs(exact).max() > 2 ** 24 and (np.abs(exact) > 2 ** 24).sum() == exact.size
+
+
+def test_pointwise_conv_integer_of_two_images_sums_in_f32(tmp_path):
+    """Two images (or any convolution that is not pointwise) keep the f32 sum: still exact where the
+    sums stay below 2^24, and no packed-integer WGSL."""
+    model, feeds, exact = _conv_integer(32, 8, (4, 4), T.UINT8, T.INT8, 3, 0, images=2)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    np.testing.assert_array_equal(got, exact)
+    assert "packed_4x8_integer_dot_product" not in res.module.limits
+
+
+def test_pointwise_qlinear_conv_is_an_integer_product(tmp_path):
+    """QLinearConv 1x1 (the QOperator format) with per-channel weight scales and an int32 bias: the
+    integer product, then the requantization (bias, scales, zero point, half to even, saturation):
+    equal to onnxruntime's uint8 result (weights within +-63, so that its AVX2 kernels' 16-bit pair
+    sums cannot saturate)."""
+    rng = np.random.default_rng(7)
+    c, o = 64, 24
+    w = rng.integers(-63, 64, size=(o, c, 1, 1)).astype(np.int8)
+    bias = rng.integers(-2000, 2000, size=o).astype(np.int32)
+    ws = (rng.random(o) * 0.01 + 0.002).astype(np.float32)
+    inits = [helper.make_tensor("w", T.INT8, list(w.shape), w.tobytes(), raw=True),
+             helper.make_tensor("xs", T.FLOAT, [], [0.03]), helper.make_tensor("xz", T.UINT8, [], [117]),
+             helper.make_tensor("ws", T.FLOAT, [o], ws), helper.make_tensor("wz", T.INT8, [o], [0] * o),
+             helper.make_tensor("ys", T.FLOAT, [], [0.05]), helper.make_tensor("yz", T.UINT8, [], [128]),
+             helper.make_tensor("b", T.INT32, [o], bias)]
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.UINT8, [1, c, 6, 6])],
+                          [helper.make_tensor_value_info("y", T.UINT8, [1, o, 6, 6])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    feeds = {"x": rng.integers(0, 256, size=(1, c, 6, 6)).astype(np.uint8)}
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_array_equal(got, ref)
+    assert 0 < int((ref == 0).sum() + (ref == 255).sum()) < ref.size, "the case should saturate somewhere"
+    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+
+
+def _qdq_conv(x_type, w_type, per_channel, images=1, c=48, o=20, hw=(7, 7), seed=11):
+    """f32 x -> QuantizeLinear -> DequantizeLinear -> Conv 1x1 with DequantizeLinear(8-bit w) and
+    DequantizeLinear(int32 bias), as quantize_static writes a pointwise convolution."""
+    rng = np.random.default_rng(seed)
+    lo, hi = INT_RANGE[w_type]
+    wz = 128 if w_type == T.UINT8 else 0
+    w = rng.integers(lo, hi, size=(o, c, 1, 1)).astype(NP_INT[w_type])
+    ws = (rng.random(o) * 0.004 + 0.001).astype(np.float32) if per_channel else np.array(0.003, np.float32)
+    xs, xz = np.float32(0.04), (100 if x_type == T.UINT8 else -7)
+    bias = rng.integers(-5000, 5000, size=o).astype(np.int32)
+    from onnx import numpy_helper
+    inits = [helper.make_tensor("w", w_type, list(w.shape), w.tobytes(), raw=True),
+             numpy_helper.from_array(ws, "ws"), numpy_helper.from_array(np.full(ws.shape, wz, NP_INT[w_type]), "wz"),
+             numpy_helper.from_array(np.array(xs), "xs"), numpy_helper.from_array(np.array(xz, NP_INT[x_type]), "xz"),
+             numpy_helper.from_array(bias, "b"), numpy_helper.from_array((xs * ws).astype(np.float32), "bs"),
+             numpy_helper.from_array(np.zeros(ws.shape, np.int32), "bz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [images, c] + list(hw))],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [images, o] + list(hw))], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    return model, {"x": (rng.standard_normal((images, c) + hw) * 2).astype(np.float32)}
+
+
+@pytest.mark.parametrize("x_type, w_type, per_channel", [(T.INT8, T.INT8, True), (T.UINT8, T.INT8, True),
+                                                         (T.UINT8, T.UINT8, False)])
+def test_qdq_pointwise_conv_is_an_integer_product(tmp_path, x_type, w_type, per_channel):
+    """A QDQ pointwise Conv (quantize_static's form) is the integer product of the quantized image
+    and weights, scaled and biased in its epilogue (ops/quant.py qdq_conv), and the image's
+    QuantizeLinear is computed where its words are packed: two dispatches, equal to onnxruntime's
+    f32 result to its rounding (f32 sums of products of dequantized values), and exactly to the
+    integer sum scaled."""
+    model, feeds = _qdq_conv(x_type, w_type, per_channel)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
+    assert d["precision"].startswith("int8 products in i32, result f32"), d["precision"]
+
+
+def test_qdq_conv_that_is_not_pointwise_sums_in_f32(tmp_path):
+    """Two images: the QDQ Conv keeps its f32 form (a product of dequantized values), still equal
+    to onnxruntime's."""
+    model, feeds = _qdq_conv(T.UINT8, T.INT8, True, images=2)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert "packed_4x8_integer_dot_product" not in res.module.limits
+
+
+def test_pointwise_conv_integer_from_spirv(tmp_path):
+    """The same convolutions as SPIR-V executables (pack4i8 and dot4i8 written with shifts):
+    numpy's exact result."""
+    for case, limits in [(POINTWISE[0], "gpu"), (POINTWISE[2], "cpu")]:
+        c, o, hw, xt, wt, xz, wz, xr, wr = case
+        model, feeds, exact = _conv_integer(c, o, hw, xt, wt, xz, wz, x_range=xr, w_range=wr)
+        (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits, targets=("spirv",))
+        assert {e.format for e in res.module.executables} == {"spirv"}
+        np.testing.assert_array_equal(got, exact)

@@ -80,6 +80,7 @@ class Lowering:
         self.pending: list[Node] = []     # nodes a handler asked to lower in its place (see `expand`)
         # run-time tensors held as f32 but rounded to a narrow float type ('f16' / 'bf16'), by name
         self.rounded: dict[str, str] = {}
+        self._producers: dict[str, Node] | None = None
         for name in graph.inputs:
             t = graph.types[name]
             dt = internal_dtype(t.elem_type)
@@ -100,6 +101,13 @@ class Lowering:
         if not name:
             return None
         return self.consts.get(name)
+
+    def producer(self, name: str) -> Node | None:
+        """The node of the imported graph that produces `name` (None for graph inputs, constants and
+        the tensors of nodes a handler expanded): a pattern of the file (a QDQ pair) read as one."""
+        if self._producers is None:
+            self._producers = self.graph.producers()
+        return self._producers.get(name)
 
     def shape(self, name: str) -> tuple:
         if name in self.consts:

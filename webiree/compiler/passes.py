@@ -389,8 +389,8 @@ def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Progra
     def takes(a, t, p) -> bool:
         if t in a.prologues or t not in a.inputs():
             return False
-        if isinstance(a, MatMul) and a.a_words and t == a.a:
-            return False    # an integer product's packed A is stored once (ops/quant.py _words_of)
+        if isinstance(a, MatMul) and (a.a_words and t == a.a or a.int8 and t == a.b):
+            return False    # an integer product's packed operands are stored once (ops/quant.py _words_of)
         if any(n.attr in a.prologues for n in kir.loads_of(p.expr)):
             return False
         # the prologue replaces the anchor's input loads only: a read of t by the epilogue

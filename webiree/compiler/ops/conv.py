@@ -5,7 +5,8 @@ becomes a broadcasting Generic add that fusion folds into the epilogue. (A
 zero Pad feeding a Conv becomes the Conv's own pads in a pass after lowering:
 passes.fold_pad_into_conv.) ConvTranspose, Col2Im and DeformConv sum over the
 input positions that reach each output element: the Loop kind.
-(ConvInteger and QLinearConv are quant.py's: they lower to a Conv node.)
+(ConvInteger and QLinearConv are quant.py's: they lower to a Conv node, or, pointwise, to an
+integer product; so does a pointwise Conv of two DequantizeLinears: quant.qdq_conv.)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ...ir.program import Conv, MatMul, flat_of, numel
 from .registry import Unsupported, register
 from .common import check_positive, const_ints, require_float, window_out, window_pads
 from .loops import emit_loop, unflatten
+from .quant import qdq_conv
 
 
 @register("Conv")
@@ -28,6 +30,8 @@ def conv(ctx, node):
     if len(xs) < 3 or len(ws) != len(xs):
         raise ShapeError(f"Conv input {xs} and weight {ws} ranks do not match")
     require_float(ctx, node, x)
+    if qdq_conv(ctx, node):
+        return
     nd = len(xs) - 2
     kernel = list(node.attr("kernel_shape", ws[2:]))
     strides = list(node.attr("strides", [1] * nd))

@@ -3,7 +3,9 @@ blocked), MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, and BitCast.
 
 8- and 16-bit integers live in i32 storage. A MatMulInteger or QLinearMatMul whose B is a
 constant matrix (what quantize_dynamic and the QOperator format write) is one exact integer
-product (`integer_product`: MatMul.int8, four values of K a word, dot4I8Packed). Other integer
+product (`integer_product`: MatMul.int8, four values of K a word, dot4I8Packed); so is a pointwise
+ConvInteger, QLinearConv or QDQ Conv of one image with constant 8-bit weights (`integer_conv`,
+`qdq_conv`: the weights are A, the image's channels packed four to a word are B). Other integer
 products are summed in f32 by the MatMul and Conv kinds: exact while every partial sum stays
 below 2^24 in magnitude (8-bit operands and K up to 256 always do), then rounded back to
 integers. DynamicQuantizeLinear computes its ONNX function's values with one
@@ -27,7 +29,7 @@ from ...ir import kir
 from ..graph import Node, internal_dtype
 from .registry import Unsupported, register
 from ...dtypes import BY_ONNX
-from .common import INT_BITS, onnx_type
+from .common import INT_BITS, onnx_type, window_pads
 
 # DynamicQuantizeLinear's range: a long input is reduced in SPLIT slices at once (one dispatch, a
 # GPU's workgroups each taking one), and the slices' results are reduced where they are read
@@ -269,6 +271,90 @@ def _words_of(ctx, a, rows, K, unsigned) -> str:
     return name
 
 
+def integer_conv(ctx, node, x, x_zp, w, w_zp, out) -> bool:
+    """out (int32) = Conv(x - x_zp, w - w_zp) for a pointwise convolution (1x1, stride 1, no pads,
+    one group) of one image of 8-bit x with C % 4 == 0 channels and a constant 8-bit w whose zero
+    point is 0 (128 for uint8 weights), as one exact integer product (MatMul.int8): A = w' [O, C]
+    as words of four channels (packed at build time), B = x' [C/4, H*W] the image's words of four
+    channels a pixel (`_channel_words`, packed once), x's zero point through the kernel's row sums
+    (b_zero): sum_c w'(x' - zx') with x' = x - 128 for uint8 x. quantize_static's weights are
+    symmetric; other zero points of w, several images or symbolic sizes return False (nothing
+    emitted) and take the f32 sum."""
+    wc, xs = ctx.const(w), list(ctx.shape(x))
+    if wc is None or symbolic.is_symbolic(wc) or np.asarray(wc).dtype not in (np.int8, np.uint8):
+        return False
+    if ctx.const(x) is not None or onnx_type(ctx, x) not in (2, 3) or len(xs) < 3 or symbolic.is_symbolic(numel(xs)):
+        return False
+    ws, nd = wc.shape, len(xs) - 2
+    if xs[0] != 1 or len(ws) != len(xs) or any(k != 1 for k in ws[2:]) or ws[1] != xs[1] or xs[1] % 4:
+        return False
+    if int(node.attr("group", 1)) != 1 or any(s != 1 for s in node.attr("strides", [1] * nd)) \
+            or any(window_pads(node, xs[2:], [1] * nd, [1] * nd, [1] * nd)):
+        return False
+    w_shift, x_shift = (128 if wc.dtype == np.uint8 else 0), (128 if onnx_type(ctx, x) == 2 else 0)
+    zw, zx = _scalar_zero_point(ctx, w_zp), _scalar_zero_point(ctx, x_zp)
+    if zw is None or zw != w_shift or zx is None:
+        return False
+    O, C, pixels = ws[0], ws[1], numel(xs[2:])
+    wp = np.asarray(wc).reshape(O, C).astype(np.int32) - w_shift
+    lanes = (wp.reshape(O, C // 4, 4) & 0xFF).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))
+    words = ctx.temp("weight_words")
+    ctx.set_const(words, np.bitwise_or.reduce(lanes, axis=2).astype(np.uint32))
+    ctx.tensors[ctx.buffer(words)].form = "u8" if w_shift else "i8"     # (as inspect reports the weights)
+    raw = ctx.temp("int_conv")
+    ctx.anchor(MatMul(name=node.name, out=raw, nodes=[node.name], a=ctx.buffer(words),
+                      b=_channel_words(ctx, x, C, pixels, x_shift), m=O, n=pixels, k=C, int8=True,
+                      a_words=True, b_zero=zx - x_shift), [O, pixels], "i32")
+    ctx.view(out, raw, [1, O] + xs[2:])
+    ctx.onnx_types[out] = 6
+    return True
+
+
+def _channel_words(ctx, x, C, pixels, shift) -> str:
+    """x [1, C, pixels] of 8-bit integers as words [C/4, pixels]: x' (x - shift) of four channels
+    of a pixel as signed bytes, one Generic shared by the products that read x (stored, like
+    `_words_of`: computed in a product's loads, x would be packed again by every row of tiles)."""
+    name = f"{ctx.root(x)}:channel_words"
+    if ctx.has(name):
+        return name
+    ctx.generic(name, (C // 4, pixels), "u32", lambda cs: kir.pack4i8(
+        *(ctx.read_flat(x, (cs[0] * 4 + q) * pixels + cs[1]) - shift for q in range(4))))
+    return name
+
+
+def qdq_conv(ctx, node) -> bool:
+    """A Conv of DequantizeLinear(x8) and DequantizeLinear(w8) (a QDQ graph: quantize_static) as
+    `integer_conv` of x8 and w8, scaled by x_scale * w_scale[o] and plus the bias (itself a
+    dequantized int32 in such graphs), all in the product's epilogue: what onnxruntime's QDQ
+    transformer makes of it (a QLinearConv), with the requantization left to the QuantizeLinear
+    that follows. Scales must be constants, x's per tensor, w's per tensor or per output channel.
+    False (nothing emitted) for any other Conv."""
+    dx, dw = ctx.producer(node.inputs[0]), ctx.producer(node.inputs[1])
+    if dx is None or dw is None or any(d.op != "DequantizeLinear" or d.domain not in ("", "ai.onnx") or
+                                       int(d.attr("block_size", 0)) for d in (dx, dw)):
+        return False
+    sx, sw = ctx.const(dx.inputs[1]), ctx.const(dw.inputs[1])
+    if sx is None or sw is None or symbolic.is_symbolic(sx) or symbolic.is_symbolic(sw) or np.asarray(sx).size != 1:
+        return False
+    O = ctx.shape(node.inputs[1])[0]
+    sw = np.asarray(sw, np.float32).reshape(-1)
+    axis = int(dw.attr("axis", 1))
+    if sw.size != 1 and (sw.size != O or axis not in (0, -len(ctx.shape(dw.inputs[0])))):
+        return False
+    acc = ctx.temp("int_conv")
+    if not integer_conv(ctx, node, dx.inputs[0], dx.input(2), dw.inputs[0], dw.input(2), acc):
+        return False
+    scale = ctx.temp("conv_scale")
+    ctx.set_const(scale, (np.float32(np.asarray(sx).reshape(-1)[0]) * np.broadcast_to(sw, (O,))).astype(np.float32))
+    bias = node.input(2)
+
+    def rule(cs):
+        v = kir.cast(ctx.read(acc, cs), "f32") * ctx.read(scale, [cs[1]])
+        return v + ctx.read(bias, [cs[1]]) if bias else v
+    ctx.generic(node.outputs[0], ctx.shape(acc), "f32", rule)
+    return True
+
+
 @register("MatMulInteger")
 def matmul_integer(ctx, node):
     a, b = node.inputs[:2]
@@ -285,6 +371,8 @@ def matmul_integer(ctx, node):
 @register("ConvInteger")
 def conv_integer(ctx, node):
     x, w = node.inputs[:2]
+    if integer_conv(ctx, node, x, node.input(2), w, node.input(3), node.outputs[0]):
+        return
     x2 = _centered(ctx, x, node.input(2), 1)
     w2 = _centered(ctx, w, node.input(3), 0)
     prod = ctx.temp("prod")
@@ -336,14 +424,17 @@ def qlinear_conv(ctx, node):
     to = onnx_type(ctx, y_zp) if y_zp else onnx_type(ctx, x)
     if to not in QRANGE:
         raise Unsupported(f"QLinearConv to ONNX type {to}")
+    prod = ctx.temp("prod")
+    requant = Node(f"{ctx.node.name}/requant", "Requantize", [prod, x_s, w_s, y_s, y_zp, bias],
+                   [node.outputs[0]], {"to": to, "channel_axis": 1}, "webiree", None, ctx.node.opset)
+    if integer_conv(ctx, node, x, x_zp, w, w_zp, prod):
+        ctx.expand([requant])
+        return
     x2 = _centered(ctx, x, x_zp, 1)
     w2 = _centered(ctx, w, w_zp, 0)
-    prod = ctx.temp("prod")
     attrs = {k: v for k, v in node.attrs.items()}
     # (an int32 bias, in units of x_scale * w_scale, is added by the requantization)
-    ctx.expand([_node(ctx, "Conv", [x2, w2], [prod], **attrs),
-                Node(f"{ctx.node.name}/requant", "Requantize", [prod, x_s, w_s, y_s, y_zp, bias],
-                     [node.outputs[0]], {"to": to, "channel_axis": 1}, "webiree", None, ctx.node.opset)])
+    ctx.expand([_node(ctx, "Conv", [x2, w2], [prod], **attrs), requant])
 
 
 @register("webiree.Requantize")
