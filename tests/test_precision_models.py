@@ -96,6 +96,9 @@ VARIANTS = {
     "bert_dynamic_qint8": ("bert", "dynamic", {"weight_type": "QInt8"}, "float32"),
     "bert_dynamic_quint8": ("bert", "dynamic", {"weight_type": "QUInt8"}, "float32"),
     "mobilenet_qdq": ("mobilenet", "qdq", {"per_channel": True}, "float32"),
+    # (its products only: calibrated on everything, the attention mask's -3.4e38 makes the range of
+    # the masked scores infinite, and onnxruntime's own result is NaNs quantized)
+    "bert_qdq": ("bert", "qdq", {"per_channel": True, "op_types_to_quantize": ["MatMul", "Gemm"]}, "float32"),
 }
 BROWSER_VARIANTS = ["mobilenet_fp16", "bert_dynamic_qint8", "mobilenet_qdq"]
 
@@ -129,7 +132,9 @@ class Models:
         elif recipe == "dynamic":
             M.quantize_dynamic_model(src, path, **opts)
         else:
-            M.quantize_static_qdq(src, path, [image_feeds(100 + i) for i in range(CALIBRATION_IMAGES)], **opts)
+            calibration = [M.bert_feeds(BATCH, SEQ, seed=100 + i) if family == "bert" else image_feeds(100 + i)
+                           for i in range(CALIBRATION_IMAGES)]
+            M.quantize_static_qdq(src, path, calibration, **opts)
         model = onnx.load(path)
         feeds = M.bert_feeds(BATCH, SEQ) if family == "bert" else image_feeds(0)
         for vi in model.graph.input:        # float16 graph inputs take numpy float16
@@ -224,6 +229,14 @@ def check_recipe(name: str, model: onnx.ModelProto) -> None:
         assert ops["MatMulInteger"] == 13 and ops["DynamicQuantizeLinear"] >= 9, (name, dict(ops))
         narrow = "INT8" if opts["weight_type"] == "QInt8" else "UINT8"
         assert inits[narrow] >= 13, (name, dict(inits))
+    elif family == "bert":
+        # the 12 weight MatMuls (q, k, v, out, two FFN a layer), the 4 of attention and the pooler's Gemm
+        assert ops["MatMul"] == 16 and ops["Gemm"] == 1 and ops["QuantizeLinear"] > 0, dict(ops)
+        producer = {o: n for n in model.graph.node for o in n.output}
+        weights = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
+                   and producer[n.input[1]].op_type == "DequantizeLinear"
+                   and producer[n.input[1]].input[0] in {t.name for t in model.graph.initializer}]
+        assert len(weights) == 13 and inits["INT8"] >= 13, (name, len(weights), dict(inits))
     else:
         assert ops["Conv"] == 19 and ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > ops["Conv"], dict(ops)
         per_channel = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
@@ -237,8 +250,52 @@ def _report(capsys, line):
         print(f"\n[precision-models] {line}")
 
 
+# QDQ models whose float ops between quantizations are transcendental (an encoder's GELU): an erf a
+# last bit away from onnxruntime's moves a value across a rounding boundary of the next
+# QuantizeLinear now and then, so they are held to onnxruntime's integers instead
+# (test_quantizes_like_onnxruntime): bert_qdq's flip 1 of 4,096 GELU outputs of its second layer by
+# one step, which moves its last_hidden_state by 7.7e-4 (of 3.65)
+STEP_FLIPS = ["bert_qdq"]
+FLIP_SHARE = 1e-3          # of the QuantizeLinears' elements, each at most one step off
+FLIP_OUTPUT = 1e-3         # x max |ref| of a float output, after the flips
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", STEP_FLIPS)
+def test_quantizes_like_onnxruntime(models, name, tmp_path, capsys):
+    """Every QuantizeLinear of the model (a graph output each, for the test) equals onnxruntime's
+    int8 tensor, but for at most FLIP_SHARE of all their elements, each one step off (a flip and
+    the elements it moves across a boundary downstream); the float outputs within FLIP_OUTPUT of
+    onnxruntime's."""
+    import onnxruntime as ort
+    path, model, feeds = models.variant(name)
+    check_recipe(name, model)
+    exposed = onnx.load(str(path))
+    info = {v.name: v for v in onnx.shape_inference.infer_shapes(exposed).graph.value_info}
+    quantized = [n.output[0] for n in exposed.graph.node if n.op_type == "QuantizeLinear" and n.output[0] in info]
+    exposed.graph.output.extend(info[q] for q in quantized)
+    site = tmp_path / "exposed"
+    webiree.compile(exposed, site, {k: list(v.shape) for k, v in feeds.items()})
+    got = webiree.InferenceSession(site).run(None, feeds)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(exposed.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert len(got) == len(ref) == len(model.graph.output) + len(quantized) and len(quantized) >= 26
+    flips = total = 0
+    for g, r, o in zip(got, ref, exposed.graph.output, strict=True):
+        d = np.abs(np.asarray(g).astype(np.float64) - np.asarray(r).astype(np.float64))
+        if o.name in quantized:
+            assert g.dtype == r.dtype and d.max() <= 1, (o.name, g.dtype, r.dtype, d.max())
+            flips, total = flips + int((d > 0).sum()), total + d.size
+        else:
+            assert d.max() <= FLIP_OUTPUT * np.abs(r).max(), (o.name, d.max(), np.abs(r).max())
+            _report(capsys, f"{name} {o.name}: scale {np.abs(r).max():.3g} webiree-off {d.max():.3g}")
+    _report(capsys, f"{name}: {len(quantized)} QuantizeLinear outputs, {flips} of {total} elements one step off")
+    assert flips <= FLIP_SHARE * total, (flips, total)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in STEP_FLIPS])
 def test_matches_onnxruntime_within_its_noise(models, name, capsys):
     path, model, feeds = models.variant(name)
     check_recipe(name, model)
@@ -301,7 +358,13 @@ def test_weights_keep_their_shipped_size(models, name, capsys):
     text = describe_build(site)
     form = {"fp16": "f16", "dynamic": "i8" if "qint8" in name else "u8", "qdq": "i8"}[VARIANTS[name][1]]
     forms = res.module.info["memory"]["weights_by_form"]
-    assert forms.get(form, 0) > 0.8 * written and 0 <= written - sum(forms.values()) < 256 * len(forms) * 64, forms
+    # the bytes the model ships in its narrow type stay in that form (a float16 CNN's 0.99 of them are
+    # halves, bert_qdq's embeddings stay float32 as its tool left them)
+    narrow = {"f16": np.float16, "i8": np.int8, "u8": np.uint8}[form]
+    shipped_narrow = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer
+                         if numpy_helper.to_array(t).dtype == narrow)
+    assert forms.get(form, 0) >= 0.95 * shipped_narrow > 0.5 * written, (forms, shipped_narrow)
+    assert 0 <= written - sum(forms.values()) < 256 * len(forms) * 64, forms
     assert "weights stored as: " in text and f"{form} {forms[form]} B" in text
     contractions = [d for d in res.module.info["dispatches"] if d["kind"] in ("matmul", "conv")]
     # f32 compute, except quantize_dynamic's products and QDQ pointwise convolutions: exact int8
@@ -316,19 +379,20 @@ def test_weights_keep_their_shipped_size(models, name, capsys):
 
 def integer_contractions(model: onnx.ModelProto) -> int:
     """The contractions webiree sums in integers: each MatMulInteger, and each pointwise Conv (1x1,
-    one group) of two DequantizeLinears, whose weights are 8-bit initializers (ops/quant.py qdq_conv)."""
+    one group), MatMul or Gemm of two DequantizeLinears whose weights are 8-bit initializers
+    (ops/quant.py qdq_conv, qdq_matmul; this model's K are multiples of 4)."""
     producer = {o: n for n in model.graph.node for o in n.output}
     inits = {t.name: t for t in model.graph.initializer}
     count = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
     for n in model.graph.node:
-        if n.op_type != "Conv":
+        if n.op_type not in ("Conv", "MatMul", "Gemm"):
             continue
         dx, dw = producer.get(n.input[0]), producer.get(n.input[1])
         if not dx or not dw or {dx.op_type, dw.op_type} != {"DequantizeLinear"}:
             continue
         w = inits.get(dw.input[0])
         group = next((a.i for a in n.attribute if a.name == "group"), 1)
-        count += w is not None and group == 1 and all(d == 1 for d in w.dims[2:])
+        count += w is not None and (all(d == 1 for d in w.dims[2:]) and group == 1 if n.op_type == "Conv" else len(w.dims) == 2)
     return count
 
 

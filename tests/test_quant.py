@@ -396,3 +396,58 @@ def test_pointwise_conv_integer_from_spirv(tmp_path):
         (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits, targets=("spirv",))
         assert {e.format for e in res.module.executables} == {"spirv"}
         np.testing.assert_array_equal(got, exact)
+
+
+def _qdq_product(op, x_type, shape, k, n, per_column, seed=13):
+    """f32 x -> QuantizeLinear -> DequantizeLinear -> MatMul / Gemm (transB, a dequantized int32
+    bias) with DequantizeLinear(int8 weights), as quantize_static writes a transformer's products."""
+    from onnx import numpy_helper
+    rng = np.random.default_rng(seed)
+    gemm = op == "Gemm"
+    w = rng.integers(-128, 128, size=(n, k) if gemm else (k, n)).astype(np.int8)
+    ws = (rng.random(n) * 0.004 + 0.001).astype(np.float32) if per_column else np.array(0.002, np.float32)
+    xs, xz = np.float32(0.05), (131 if x_type == T.UINT8 else 9)
+    inits = [helper.make_tensor("w", T.INT8, list(w.shape), w.tobytes(), raw=True), numpy_helper.from_array(ws, "ws"),
+             numpy_helper.from_array(np.zeros(ws.shape, np.int8), "wz"), numpy_helper.from_array(np.array(xs), "xs"),
+             numpy_helper.from_array(np.array(xz, NP_INT[x_type]), "xz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0 if gemm else 1)]
+    if gemm:
+        inits += [numpy_helper.from_array(rng.integers(-3000, 3000, size=n).astype(np.int32), "b"),
+                  numpy_helper.from_array((xs * ws * np.ones(n)).astype(np.float32), "bs"),
+                  numpy_helper.from_array(np.zeros(n, np.int32), "bz")]
+        nodes += [helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=0),
+                  helper.make_node("Gemm", ["xd", "wd", "bd"], ["y"], transB=1)]
+    else:
+        nodes.append(helper.make_node("MatMul", ["xd", "wd"], ["y"]))
+    out = list(shape[:-1]) + [n]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", T.FLOAT, out)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    return model, {"x": (rng.standard_normal(shape) * 3).astype(np.float32)}
+
+
+@pytest.mark.parametrize("op, x_type, shape, per_column", [("MatMul", T.INT8, (2, 5, 64), True),
+                                                           ("MatMul", T.UINT8, (7, 96), False),
+                                                           ("Gemm", T.UINT8, (3, 128), True)])
+def test_qdq_product_is_an_integer_product(tmp_path, op, x_type, shape, per_column):
+    """A QDQ MatMul or Gemm with int8 weights (ops/quant.py qdq_matmul): the activation quantized
+    and packed once, the integer product, x_scale * w_scale[n] (and a Gemm's bias) in its epilogue:
+    two dispatches, onnxruntime's f32 result to its rounding."""
+    model, feeds = _qdq_product(op, x_type, shape, shape[-1], 24, per_column)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
+    assert d["precision"].startswith("int8 products in i32, result f32"), d["precision"]
+
+
+def test_qdq_product_with_k_not_a_multiple_of_4_sums_in_f32(tmp_path):
+    """K = 30: no words of four; the product of the dequantized values, as before, equal to
+    onnxruntime's."""
+    model, feeds = _qdq_product("MatMul", T.INT8, (4, 30), 30, 8, True)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert "packed_4x8_integer_dot_product" not in res.module.limits

@@ -522,10 +522,10 @@ def quantize_nbits_model(model, block_size: int = 32, symmetric: bool = True, op
     return q.model.model
 
 
-def quantize_static_qdq(src, dst, feeds: list[dict], per_channel: bool = True) -> onnx.ModelProto:
+def quantize_static_qdq(src, dst, feeds: list[dict], per_channel: bool = True, **options) -> onnx.ModelProto:
     """onnxruntime.quantization.quantize_static of the f32 model at `src` into `dst` in QDQ format
-    (int8 activations and weights, MinMax calibration over `feeds`, a list of input dicts).
-    Returns the written model."""
+    (int8 activations and weights, MinMax calibration over `feeds`, a list of input dicts; further
+    quantize_static options, e.g. op_types_to_quantize, as given). Returns the written model."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -535,5 +535,5 @@ def quantize_static_qdq(src, dst, feeds: list[dict], per_channel: bool = True) -
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel)
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel, **options)
     return onnx.load(str(dst))

@@ -15,11 +15,14 @@ from ...ir.program import MatMul, numel
 from .registry import Unsupported, register
 from .common import broadcast_shapes, require_float
 from .loops import emit_loop, unflatten
+from .quant import qdq_matmul
 
 
 @register("MatMul")
 def matmul(ctx, node):
     a, b = node.inputs[0], node.inputs[1]
+    if qdq_matmul(ctx, node):
+        return
     emit_matmul(ctx, node, a, b, node.outputs[0])
 
 
@@ -67,6 +70,8 @@ def gemm(ctx, node):
     k2, n = (sb[1], sb[0]) if tb else sb
     if k != k2:
         raise ShapeError(f"Gemm inner dims differ: {sa}{'ᵀ' if ta else ''} @ {sb}{'ᵀ' if tb else ''}")
+    if qdq_matmul(ctx, node):
+        return
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
     c = node.input(2)
     out = node.outputs[0] if not c or beta == 0.0 else ctx.temp("gemm")

@@ -5,7 +5,8 @@ blocked), MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, and BitCast.
 constant matrix (what quantize_dynamic and the QOperator format write) is one exact integer
 product (`integer_product`: MatMul.int8, four values of K a word, dot4I8Packed); so is a pointwise
 ConvInteger, QLinearConv or QDQ Conv of one image with constant 8-bit weights (`integer_conv`,
-`qdq_conv`: the weights are A, the image's channels packed four to a word are B). Other integer
+`qdq_conv`: the weights are A, the image's channels packed four to a word are B), and a QDQ MatMul or
+Gemm with constant 8-bit weights (`qdq_matmul`). Other integer
 products are summed in f32 by the MatMul and Conv kinds: exact while every partial sum stays
 below 2^24 in magnitude (8-bit operands and K up to 256 always do), then rounded back to
 integers. DynamicQuantizeLinear computes its ONNX function's values with one
@@ -322,6 +323,20 @@ def _channel_words(ctx, x, C, pixels, shift) -> str:
     return name
 
 
+def _qdq_pair(ctx, node):
+    """(DequantizeLinear of the first input, of the second, x's scale, w's scales as f32 [n] or [1])
+    where both operands of `node` are dequantized with constant scales, the first per tensor and not
+    blocked; None otherwise."""
+    da, dw = ctx.producer(node.inputs[0]), ctx.producer(node.inputs[1])
+    if da is None or dw is None or any(d.op != "DequantizeLinear" or d.domain not in ("", "ai.onnx") or
+                                       int(d.attr("block_size", 0)) for d in (da, dw)):
+        return None
+    sa, sw = ctx.const(da.inputs[1]), ctx.const(dw.inputs[1])
+    if sa is None or sw is None or symbolic.is_symbolic(sa) or symbolic.is_symbolic(sw) or np.asarray(sa).size != 1:
+        return None
+    return da, dw, np.float32(np.asarray(sa).reshape(-1)[0]), np.asarray(sw, np.float32).reshape(-1)
+
+
 def qdq_conv(ctx, node) -> bool:
     """A Conv of DequantizeLinear(x8) and DequantizeLinear(w8) (a QDQ graph: quantize_static) as
     `integer_conv` of x8 and w8, scaled by x_scale * w_scale[o] and plus the bias (itself a
@@ -329,30 +344,65 @@ def qdq_conv(ctx, node) -> bool:
     transformer makes of it (a QLinearConv), with the requantization left to the QuantizeLinear
     that follows. Scales must be constants, x's per tensor, w's per tensor or per output channel.
     False (nothing emitted) for any other Conv."""
-    dx, dw = ctx.producer(node.inputs[0]), ctx.producer(node.inputs[1])
-    if dx is None or dw is None or any(d.op != "DequantizeLinear" or d.domain not in ("", "ai.onnx") or
-                                       int(d.attr("block_size", 0)) for d in (dx, dw)):
+    pair = _qdq_pair(ctx, node)
+    if pair is None:
         return False
-    sx, sw = ctx.const(dx.inputs[1]), ctx.const(dw.inputs[1])
-    if sx is None or sw is None or symbolic.is_symbolic(sx) or symbolic.is_symbolic(sw) or np.asarray(sx).size != 1:
-        return False
+    dx, dw, sx, sw = pair
     O = ctx.shape(node.inputs[1])[0]
-    sw = np.asarray(sw, np.float32).reshape(-1)
     axis = int(dw.attr("axis", 1))
     if sw.size != 1 and (sw.size != O or axis not in (0, -len(ctx.shape(dw.inputs[0])))):
         return False
     acc = ctx.temp("int_conv")
     if not integer_conv(ctx, node, dx.inputs[0], dx.input(2), dw.inputs[0], dw.input(2), acc):
         return False
-    scale = ctx.temp("conv_scale")
-    ctx.set_const(scale, (np.float32(np.asarray(sx).reshape(-1)[0]) * np.broadcast_to(sw, (O,))).astype(np.float32))
-    bias = node.input(2)
+    _scaled(ctx, node, acc, sx * np.broadcast_to(sw, (O,)), 1, node.input(2))
+    return True
+
+
+def qdq_matmul(ctx, node) -> bool:
+    """A MatMul (or a Gemm with alpha = beta = 1 and A not transposed) of DequantizeLinear(a8) and
+    DequantizeLinear(w8) with constant 8-bit weights, w's scale per tensor or per output column:
+    `integer_product` of a8 and w8 (transposed at build time under transB), times a_scale *
+    w_scale[n], plus a Gemm's C, in the product's epilogue. False (nothing emitted) otherwise."""
+    gemm = node.op == "Gemm"
+    if gemm and (node.attr("transA", 0) or float(node.attr("alpha", 1.0)) != 1.0 or float(node.attr("beta", 1.0)) != 1.0):
+        return False
+    pair = _qdq_pair(ctx, node)
+    if pair is None:
+        return False
+    da, dw, sa, sw = pair
+    w = ctx.const(dw.inputs[0])
+    if w is None or symbolic.is_symbolic(w) or np.asarray(w).ndim != 2:
+        return False
+    trans = gemm and bool(node.attr("transB", 0))
+    N = w.shape[0] if trans else w.shape[1]
+    axis = int(dw.attr("axis", 1)) % 2
+    if sw.size != 1 and (sw.size != N or axis != (0 if trans else 1)):
+        return False
+    b = dw.inputs[0]
+    if trans:
+        b = ctx.temp("weight_t")
+        ctx.set_const(b, np.ascontiguousarray(np.asarray(w).T))
+    acc = ctx.temp("int_product")
+    if not integer_product(ctx, node, da.inputs[0], b, da.input(2), dw.input(2), acc):
+        return False
+    _scaled(ctx, node, acc, sa * np.broadcast_to(sw, (N,)), -1, node.input(2) if gemm else "")
+    return True
+
+
+def _scaled(ctx, node, acc, scale: np.ndarray, axis: int, bias: str) -> None:
+    """node's output = f32(acc) * scale[index along axis] (+ bias, broadcast like a Gemm's C / a
+    Conv's per-channel B): a QDQ contraction's dequantization, fused into its product's epilogue."""
+    name = ctx.temp("qdq_scale")
+    ctx.set_const(name, scale.astype(np.float32))
+    shape = ctx.shape(acc)
 
     def rule(cs):
-        v = kir.cast(ctx.read(acc, cs), "f32") * ctx.read(scale, [cs[1]])
-        return v + ctx.read(bias, [cs[1]]) if bias else v
-    ctx.generic(node.outputs[0], ctx.shape(acc), "f32", rule)
-    return True
+        v = kir.cast(ctx.read(acc, cs), "f32") * ctx.read(name, [cs[axis]])
+        if not bias:
+            return v
+        return v + (ctx.read(bias, [cs[1]]) if node.op == "Conv" else ctx.read_bcast(bias, shape, cs))
+    ctx.generic(node.outputs[0], shape, "f32", rule)
 
 
 @register("MatMulInteger")
