@@ -360,6 +360,17 @@ def _qdq_conv(x_type, w_type, per_channel, images=1, c=48, o=20, hw=(7, 7), seed
     return model, {"x": (rng.standard_normal((images, c) + hw) * 2).astype(np.float32)}
 
 
+def _check_qdq_integer(model, feeds, tmp_path):
+    """onnxruntime's f32 result to its rounding, from two dispatches (the activation's words, then
+    the integer product with its dequantization in the epilogue)."""
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
+    assert d["precision"].startswith("int8 products in i32, result f32"), d["precision"]
+
+
 @pytest.mark.parametrize("x_type, w_type, per_channel", [(T.INT8, T.INT8, True), (T.UINT8, T.INT8, True),
                                                          (T.UINT8, T.UINT8, False)])
 def test_qdq_pointwise_conv_is_an_integer_product(tmp_path, x_type, w_type, per_channel):
@@ -368,13 +379,7 @@ def test_qdq_pointwise_conv_is_an_integer_product(tmp_path, x_type, w_type, per_
     QuantizeLinear is computed where its words are packed: two dispatches, equal to onnxruntime's
     f32 result to its rounding (f32 sums of products of dequantized values), and exactly to the
     integer sum scaled."""
-    model, feeds = _qdq_conv(x_type, w_type, per_channel)
-    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
-    (ref,) = ort_run(model, feeds)
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
-    (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
-    assert d["precision"].startswith("int8 products in i32, result f32"), d["precision"]
+    _check_qdq_integer(*_qdq_conv(x_type, w_type, per_channel), tmp_path)
 
 
 def test_qdq_conv_that_is_not_pointwise_sums_in_f32(tmp_path):
@@ -435,13 +440,7 @@ def test_qdq_product_is_an_integer_product(tmp_path, op, x_type, shape, per_colu
     """A QDQ MatMul or Gemm with int8 weights (ops/quant.py qdq_matmul): the activation quantized
     and packed once, the integer product, x_scale * w_scale[n] (and a Gemm's bias) in its epilogue:
     two dispatches, onnxruntime's f32 result to its rounding."""
-    model, feeds = _qdq_product(op, x_type, shape, shape[-1], 24, per_column)
-    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
-    (ref,) = ort_run(model, feeds)
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
-    (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
-    assert d["precision"].startswith("int8 products in i32, result f32"), d["precision"]
+    _check_qdq_integer(*_qdq_product(op, x_type, shape, shape[-1], 24, per_column), tmp_path)
 
 
 def test_qdq_product_with_k_not_a_multiple_of_4_sums_in_f32(tmp_path):
