@@ -236,9 +236,8 @@ def integer_product(ctx, node, a, b, a_zp, b_zp, out) -> bool:
     a_unsigned, b_unsigned = onnx_type(ctx, a) == 2, w.dtype == np.uint8
     wp = np.asarray(w).astype(np.int32) - (128 if b_unsigned else 0)
     zbp = zb - (128 if b_unsigned else 0)
-    lanes = (wp.reshape(K // 4, 4, N) & 0xFF).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))[None, :, None]
     words, sums = ctx.temp("words"), ctx.temp("column_sums")
-    ctx.set_const(words, np.bitwise_or.reduce(lanes, axis=1).astype(np.uint32))
+    ctx.set_const(words, _pack_bytes(wp, 0))
     ctx.set_const(sums, (wp.sum(axis=0) - K * zbp).astype(np.int32))
     ctx.tensors[ctx.buffer(words)].form = "u8" if b_unsigned else "i8"     # (as inspect reports the weights)
     rows = numel(sa[:-1])
@@ -256,6 +255,14 @@ def integer_product(ctx, node, a, b, a_zp, b_zp, out) -> bool:
     ctx.generic(out, shape, "i32", rule)
     ctx.onnx_types[out] = 6
     return True
+
+
+def _pack_bytes(values: np.ndarray, axis: int) -> np.ndarray:
+    """Signed bytes (int32 values in [-128, 127]) four to a u32 word along `axis` (its length a
+    multiple of 4), the first in the lowest byte: the words dot4I8Packed reads."""
+    v = np.moveaxis(values, axis, -1)
+    lanes = (v.reshape(*v.shape[:-1], -1, 4) & 0xFF).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))
+    return np.ascontiguousarray(np.moveaxis(np.bitwise_or.reduce(lanes, axis=-1).astype(np.uint32), -1, axis))
 
 
 def _words_of(ctx, a, rows, K, unsigned) -> str:
@@ -287,8 +294,9 @@ def integer_conv(ctx, node, x, x_zp, w, w_zp, out) -> bool:
     if ctx.const(x) is not None or onnx_type(ctx, x) not in (2, 3) or len(xs) < 3 or symbolic.is_symbolic(numel(xs)):
         return False
     ws, nd = wc.shape, len(xs) - 2
-    if xs[0] != 1 or len(ws) != len(xs) or any(k != 1 for k in ws[2:]) or ws[1] != xs[1] or xs[1] % 4:
-        return False
+    if xs[0] != 1 or len(ws) != len(xs) or any(k != 1 for k in ws[2:]) or ws[1] != xs[1] or xs[1] % 4 \
+            or list(node.attr("kernel_shape", ws[2:])) != list(ws[2:]):
+        return False    # (a kernel_shape at odds with the weights is the f32 path's ShapeError)
     if int(node.attr("group", 1)) != 1 or any(s != 1 for s in node.attr("strides", [1] * nd)) \
             or any(window_pads(node, xs[2:], [1] * nd, [1] * nd, [1] * nd)):
         return False
@@ -298,9 +306,8 @@ def integer_conv(ctx, node, x, x_zp, w, w_zp, out) -> bool:
         return False
     O, C, pixels = ws[0], ws[1], numel(xs[2:])
     wp = np.asarray(wc).reshape(O, C).astype(np.int32) - w_shift
-    lanes = (wp.reshape(O, C // 4, 4) & 0xFF).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))
     words = ctx.temp("weight_words")
-    ctx.set_const(words, np.bitwise_or.reduce(lanes, axis=2).astype(np.uint32))
+    ctx.set_const(words, _pack_bytes(wp, 1))
     ctx.tensors[ctx.buffer(words)].form = "u8" if w_shift else "i8"     # (as inspect reports the weights)
     raw = ctx.temp("int_conv")
     ctx.anchor(MatMul(name=node.name, out=raw, nodes=[node.name], a=ctx.buffer(words),
