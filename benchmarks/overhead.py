@@ -4,7 +4,8 @@
 
 All on one build and one adapter, medians of --runs runs after 10 warm-up runs:
 - upload, encode+submit, wait (GPU), map+copy: the steps of session.run's one submit,
-  timed one by one (they leave out encoding the inputs and decoding the outputs, which
+  timed one by one; map+copy is the driver's read_buffer (wgpu-native's C API), and on
+  alternate runs wgpu-py's map_sync + read_mapped + unmap for comparison (same buffer); (they leave out encoding the inputs and decoding the outputs, which
   session.run includes, so they sum to less than it);
 - session.run: the reference, host to host;
 - pipelined: back-to-back submits with no upload and no readback wait (GPU-bound rate);
@@ -53,11 +54,17 @@ for _ in range(runs):
     t.append(time.perf_counter())
     libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
     t.append(time.perf_counter())
-    it.readback.map_sync(wgpu.MapMode.READ, 0, max(it.readback_size, 4))
-    data = bytes(it.readback.read_mapped(0, max(it.readback_size, 4)))
-    it.readback.unmap()
+    size = max(it.readback_size, 4)
+    if len(T.get("map+copy", ())) <= len(T.get("map (wgpu-py)", ())):
+        step = "map+copy"
+        data = d.read_buffer(it.readback, 0, size).value
+    else:
+        step = "map (wgpu-py)"
+        it.readback.map_sync(wgpu.MapMode.READ, 0, size)
+        data = bytes(it.readback.read_mapped(0, size))
+        it.readback.unmap()
     t.append(time.perf_counter())
-    for k, a, b in zip(["upload", "encode+submit", "wait (GPU)", "map+copy"], t, t[1:]):
+    for k, a, b in zip(["upload", "encode+submit", "wait (GPU)", step], t, t[1:]):
         T.setdefault(k, []).append((b - a) * 1e3)
 for k, v in T.items():
     print(f"  {k:<14} median {np.median(v):7.3f} ms  min {np.min(v):7.3f} ms")

@@ -724,6 +724,32 @@ def test_many_sessions_do_not_leak_buffers(tmp_path):
     assert WgpuDriver.process_live_buffers() == before
 
 
+@pytest.mark.parametrize("path", ["c-api", "wgpu-py"])
+def test_readback_returns_the_bytes_copied_at_each_offset(monkeypatch, path):
+    """read_buffer maps through wgpu-native's C API (or wgpu-py's map_sync where those handles
+    are missing): the same bytes either way, at any offset mapAsync allows (a multiple of 8), read after read."""
+    from webiree.errors import DeviceError
+    from webiree.hal_webgpu import wgpu_driver
+
+    if path == "wgpu-py":
+        monkeypatch.setattr(wgpu_driver, "_libf", None)
+    drv = wgpu_driver.WgpuDriver()
+    src, back = drv.create_buffer(4096, "storage"), drv.create_buffer(4096, "readback")
+    try:
+        for k in range(3):
+            data = np.arange(1024, dtype=np.uint32) * 2654435761 + k
+            drv.write_buffer(src, 0, data.tobytes())
+            drv.copy([(src, 0, back, 0, 4096)])
+            got = [np.frombuffer(drv.read_buffer(back, off, size).value, np.uint32)
+                   for off, size in ((0, 4096), (8, 4), (1016, 3080))]
+            assert [g.tolist() for g in got] == [data.tolist(), data[2:3].tolist(), data[254:].tolist()]
+        drv.destroy_buffer(back)
+        with pytest.raises(DeviceError, match="reading results from the GPU failed"):
+            drv.read_buffer(back, 0, 16)
+    finally:
+        drv.destroy_buffer(src)
+
+
 # ---------------------------------------------------------------------------
 # 5. Reproducible builds
 

@@ -17,9 +17,9 @@ from .requirements import PACKED_4X8
 
 try:  # wgpu-py's cffi handles: encoding through them costs ~2 us a dispatch instead of ~25 us
     from wgpu.backends.wgpu_native._api import ffi as _ffi
-    from wgpu.backends.wgpu_native._api import libf as _libf
+    from wgpu.backends.wgpu_native._api import lib as _lib, libf as _libf
 except Exception:  # another wgpu-py version: the public API works too, only slower
-    _ffi = _libf = None
+    _ffi = _lib = _libf = None
 
 _LOCK = threading.Lock()
 _SHARED = None
@@ -388,20 +388,24 @@ class WgpuDriver(Driver):
         """submit() through wgpu-native's C functions directly (same commands, less Python)."""
         raw = self._raw_cache.get(id(items))
         if raw is None or raw[0] is not items:
-            steps = []
+            steps, prev = [], None
             for it in items:
                 if it[0] == "dispatch":
                     _, (pipe, _), bg, (gx, gy, gz) = it
-                    steps.append((pipe._internal, bg._internal, gx, gy, gz))
+                    ph = pipe._internal  # set once for a run of dispatches of the same pipeline
+                    steps.append((None if ph == prev else ph, bg._internal, gx, gy, gz))
+                    prev = ph
                 else:
                     steps.append(it)
+                    prev = None  # a copy ends the pass; the next one starts with no pipeline set
             raw = (items, steps)
             if len(self._raw_cache) >= 256:     # one entry per submitted part of the schedule
                 self._raw_cache.clear()
             self._raw_cache[id(items)] = raw
-        set_pipeline = _libf.wgpuComputePassEncoderSetPipeline
-        set_bind_group = _libf.wgpuComputePassEncoderSetBindGroup
-        dispatch = _libf.wgpuComputePassEncoderDispatchWorkgroups
+        # the unchecked C calls: a pass records its errors and the checked finish() below raises them
+        set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
+        set_bind_group = _lib.wgpuComputePassEncoderSetBindGroup
+        dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
         null = _ffi.NULL
         cpass = None
         for st in raw[1]:
@@ -415,7 +419,8 @@ class WgpuDriver(Driver):
             if cpass is None:
                 cpass = enc.begin_compute_pass()
                 h = cpass._internal
-            set_pipeline(h, st[0])
+            if st[0] is not None:
+                set_pipeline(h, st[0])
             set_bind_group(h, 0, st[1], 0, null)
             dispatch(h, st[2], st[3], st[4])
         if cpass is not None:
@@ -424,13 +429,48 @@ class WgpuDriver(Driver):
         return Ready(None)
 
     def read_buffer(self, buffer, offset, size):
-        if _libf is not None:  # block until the queue is idle; the map then resolves at once
-            _libf.wgpuDevicePoll(self.device._internal, True, _ffi.NULL)
         try:
-            buffer.map_sync(self.wgpu.MapMode.READ, offset, size)
-            data = bytes(buffer.read_mapped(offset, size))
-            buffer.unmap()
+            if _libf is not None:
+                data = _read_raw(self.device._internal, buffer._internal, offset, size)
+            else:
+                buffer.map_sync(self.wgpu.MapMode.READ, offset, size)
+                data = bytes(buffer.read_mapped(offset, size))
+                buffer.unmap()
         except Exception as e:
             raise DeviceError(f"reading results from the GPU failed: {str(e)[:300]}",
                               hint="the device may have been lost; create a new session") from None
         return Ready(data)
+
+
+if _ffi is not None:
+    @_ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+    def _on_mapped(status, _message, status_out, _unused):
+        _ffi.cast("int *", status_out)[0] = status
+
+
+def _read_raw(device, buffer, offset, size):
+    """Map `buffer` for reading, copy `size` bytes out and unmap, through wgpu-native's C API.
+
+    wgpu-py's map_sync costs ~90 us on the smallest readback (an empty submit before every
+    map, then a wait on its poller thread); this costs ~35 us: wait for the queue to go idle,
+    map (the callback then fires on the next poll, in this thread), copy, unmap.
+    """
+    lib = _libf  # the checked calls: a wgpu error raises
+    lib.wgpuDevicePoll(device, True, _ffi.NULL)
+    status = _ffi.new("int *", -1)
+    info = _ffi.new("WGPUBufferMapCallbackInfo *")
+    info.mode = _lib.WGPUCallbackMode_AllowProcessEvents
+    info.callback = _on_mapped
+    info.userdata1 = status
+    lib.wgpuBufferMapAsync(buffer, _lib.WGPUMapMode_Read, offset, size, info[0])
+    for _ in range(1000):  # resolves on the first poll once the queue is idle
+        lib.wgpuDevicePoll(device, True, _ffi.NULL)
+        if status[0] != -1:
+            break
+    if status[0] != _lib.WGPUMapAsyncStatus_Success:
+        if status[0] == -1:
+            lib.wgpuBufferUnmap(buffer)  # cancels the pending map
+        raise RuntimeError(f"could not map the readback buffer (WGPUMapAsyncStatus {status[0]})")
+    data = _ffi.buffer(lib.wgpuBufferGetConstMappedRange(buffer, offset, size), size)[:]
+    lib.wgpuBufferUnmap(buffer)
+    return data
