@@ -7,10 +7,12 @@ All on one build and one adapter, medians of --runs runs after 10 warm-up runs:
   timed one by one; map+copy is the driver's read_buffer (wgpu-native's C API), and on
   alternate runs wgpu-py's map_sync + read_mapped + unmap for comparison (same buffer); (they leave out encoding the inputs and decoding the outputs, which
   session.run includes, so they sum to less than it);
-- session.run: the reference, host to host;
+- session.run: the reference, host to host: with the command buffer encoded in the run, and
+  with the default (pre-encoded: the driver encodes the next run's commands while the GPU runs
+  this one's, so a repeated run only submits them);
 - pipelined: back-to-back submits with no upload and no readback wait (GPU-bound rate);
-- chunks of C: the same build in InferenceSession(BUILD, submit_chunk=C), session.run
-  host to host like the reference; its outputs must equal the one-submit outputs to
+- chunks of C: the same build in InferenceSession(BUILD, submit_chunk=C, pre_encode off),
+  session.run host to host; its outputs must equal the one-submit outputs to
   1e-4 relative (else the script exits 1).
 """
 
@@ -44,13 +46,22 @@ libf, ffi = wgpu_driver._libf, wgpu_driver._ffi
 enc_feeds = {io.name: sess._encode(io, feeds[io.name]) for io in sess.module.inputs}
 T = {}
 import wgpu  # noqa: E402
+
+
+def encode_submit():
+    """Encode the schedule's commands and submit them (no pre-encoded command buffer)."""
+    if hasattr(d, "_encode_raw"):
+        d.device.queue.submit([d._encode_raw(it.items)])
+    else:  # the driver before pre-encoding (an older checkout, for A/B runs)
+        d._submit_raw(d.device.create_command_encoder(), it.items)
+
+
 for _ in range(runs):
     t = [time.perf_counter()]
     for index, buf, off in it.uploads:
         d.write_buffer(buf, off, enc_feeds[sess.module.inputs[index].name])
     t.append(time.perf_counter())
-    enc = d.device.create_command_encoder()
-    d._submit_raw(enc, it.items)
+    encode_submit()
     t.append(time.perf_counter())
     libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
     t.append(time.perf_counter())
@@ -68,17 +79,22 @@ for _ in range(runs):
         T.setdefault(k, []).append((b - a) * 1e3)
 for k, v in T.items():
     print(f"  {k:<14} median {np.median(v):7.3f} ms  min {np.min(v):7.3f} ms")
-ts = []
-for _ in range(runs):
-    t0 = time.perf_counter()
-    sess.run(None, feeds)
-    ts.append((time.perf_counter() - t0) * 1e3)
-print(f"  session.run    median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms")
+for pre in ([False, True] if hasattr(d, "pre_encode") else [None]):
+    if pre is not None:
+        d.pre_encode = pre
+    for _ in range(3):
+        sess.run(None, feeds)
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    what = {None: "", False: " (encoded in the run)", True: " (pre-encoded: the default)"}[pre]
+    print(f"  session.run    median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms{what}")
 # back-to-back submits without waiting: GPU throughput bound
 t0 = time.perf_counter()
 for _ in range(runs):
-    enc = d.device.create_command_encoder()
-    d._submit_raw(enc, it.items)
+    encode_submit()
 libf.wgpuDevicePoll(d.device._internal, True, ffi.NULL)
 print(f"  pipelined      {(time.perf_counter() - t0) / runs * 1e3:7.3f} ms per inference (no readback wait)")
 # the same build submitted every C dispatches (InferenceSession(submit_chunk=C), `webiree bench
@@ -87,6 +103,7 @@ ref = sess.run(None, feeds)
 n_disp = len(sess.module.info["dispatches"])
 for chunk in (16, 64):
     chunked = webiree.InferenceSession(build, submit_chunk=chunk)
+    chunked.driver.pre_encode = False  # chunks only matter where the run encodes its commands
     err = max(rel_err(g, r) for g, r in zip(chunked.run(None, feeds), ref))
     if not err <= 1e-4:  # NaN fails too
         sys.exit(f"FAILED: chunks of {chunk}: outputs differ from the one-submit session's by {err:.1e} > 1e-4")

@@ -750,6 +750,30 @@ def test_readback_returns_the_bytes_copied_at_each_offset(monkeypatch, path):
         drv.destroy_buffer(src)
 
 
+@pytest.mark.parametrize("pre_encode", [False, True])
+def test_pre_encoded_command_buffers_see_each_runs_inputs(tmp_path, pre_encode):
+    """A pre-encoded command buffer reads the buffers the next run's inputs are written into:
+    30 runs on fresh inputs match onnxruntime, alternating which outputs are read back (another
+    schedule) included; all but the first two runs of a stretch are pre-encoded, and a schedule's
+    buffer stays ready while another runs between."""
+    import onnxruntime as ort
+
+    model = models.mlp(batch=2, sizes=(16, 32, 8))
+    webiree.compile(model, tmp_path)
+    sess = webiree.InferenceSession(tmp_path, pre_encode=pre_encode)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    names = [o.name for o in sess.get_outputs()]
+    plan = [None] * 12 + [names[:1], None] * 3 + [names[1:]] * 12
+    for wanted in plan:
+        x = rng.standard_normal((2, 16)).astype(np.float32)
+        got, want = sess.run(wanted, {"x": x}), ref.run(wanted, {"x": x})
+        assert len(got) == len(want) == (len(names) if wanted is None else 1)
+        for g, w in zip(got, want, strict=True):
+            assert_close(g, w)
+    assert sess.driver.pre_encoded_submits == (10 + 3 + 10 if pre_encode else 0)
+
+
 # ---------------------------------------------------------------------------
 # 5. Reproducible builds
 

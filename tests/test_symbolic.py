@@ -259,3 +259,19 @@ def test_a_model_proto_is_left_as_it_was(tmp_path):
         assert m.SerializeToString() == before
     got = InferenceSession(tmp_path / "b").run(None, {"x": np.array([[-1, 2, -3, 4]] * 2, np.float32)})[0]
     np.testing.assert_array_equal(got, [[0, 2, 0, 4]] * 2)
+
+
+def test_pre_encoded_runs_follow_each_size():
+    """With pre-encoding on (the default on GPUs; lavapipe's default is off), a repeated size's
+    run submits the commands encoded during the run before, and a new size encodes its own:
+    every run matches onnxruntime, and exactly the repeats were pre-encoded."""
+    model = shape_arith_model()
+    r = compile_model(model, dims={"seq": (1, 64)})
+    sess = InferenceSession.from_module(r.module, r.weights, pre_encode=True)
+    rng = np.random.default_rng(3)
+    sizes = [5, 5, 5, 9, 9, 9, 9, 5, 5, 5, 1]
+    for seq in sizes:
+        _check(sess, model, {"x": rng.standard_normal((1, seq, 64)).astype(np.float32)})
+    # a size's second run in a row pre-encodes its next: the 3rd 5, the 3rd and 4th 9, and the
+    # second stretch of 5s all three (their buffer waited while the 9s ran)
+    assert sess.driver.pre_encoded_submits == 1 + 2 + 3

@@ -211,6 +211,7 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
         sess = InferenceSession(tmp / "site")
         feeds = _feeds(sess.module, inputs_path)
         report["default_submit_chunk"] = sess.driver.submit_chunk    # chosen by the adapter's type
+        report["pre_encode"] = sess.driver.pre_encode                 # likewise
         report["variant"] = sess.variant      # the kernel variant the adapter picked ("": the build has one)
         wi_ms, wi_out = _median_ms(lambda: sess.run(None, feeds), runs, warmup)
 
@@ -232,8 +233,8 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
                                                     "ranges": ranges}
             report["dynamic_executables"] = [len(sess.module.executables), len(dyn.module.executables)]
             dyn.close()
-        if submit_chunk:   # the same build, submitted every `submit_chunk` dispatches
-            chunked = InferenceSession(tmp / "site", submit_chunk=submit_chunk)
+        if submit_chunk:   # the same build, submitted every `submit_chunk` dispatches as each run encodes them
+            chunked = InferenceSession(tmp / "site", submit_chunk=submit_chunk, pre_encode=False)
             ms, out = _median_ms(lambda: chunked.run(None, feeds), runs, warmup)
             report["results"][f"webiree-chunks-of-{submit_chunk}"] = {
                 "median_ms": ms, "rel_err": _max_rel_err(out, ref)}
@@ -294,8 +295,9 @@ def bench(model_path, runs: int = 20, warmup: int = 3, limits: str = "adapter", 
     return report
 
 
-def _submission(chunk: int) -> str:
-    return f"every {chunk} dispatches" if chunk else "one submit per inference"
+def _submission(chunk: int, pre_encode: bool = False) -> str:
+    return ((f"every {chunk} dispatches" if chunk else "one submit per inference")
+            + (", a repeated run's commands encoded during the run before" if pre_encode else ""))
 
 
 def _print(r: dict, log):
@@ -304,7 +306,7 @@ def _print(r: dict, log):
         f"adapter {a.get('device', '?')} ({a.get('backend_type', '?')}); webiree limits {r['limits']}"
         + (f" (kernel variant {r['variant']}, picked by the adapter)" if r.get("variant") else "")
         + (f", IREE vulkan target {r['iree_vulkan_target']}" if any(k.startswith("iree") for k in r["results"]) else "")
-        + f"; default submission: {_submission(r.get('default_submit_chunk', 0))}; median of {r['runs']} runs")
+        + f"; default submission: {_submission(r.get('default_submit_chunk', 0), r.get('pre_encode', False))}; median of {r['runs']} runs")
     if "webiree-dynamic" in r["results"]:
         pinned, dyn = r["dynamic_executables"]
         log(f"  webiree-dynamic: one build for {r['results']['webiree-dynamic']['ranges']} run at the pinned "

@@ -259,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--spirv", action="store_true", help="also build and time the SPIR-V executables")
     bn.add_argument("--iree-vulkan-target", help="IREE's --iree-vulkan-target (its default has no int64)")
     bn.add_argument("--submit-chunk", type=int, default=0, metavar="N",
-                    help="also time the build submitted every N dispatches (the GPU starts while the host encodes)")
+                    help="also time the build submitted every N dispatches as each run encodes them (the GPU "
+                         "starts while the host encodes)")
     bn.add_argument("--json", help="write the report as JSON")
     bn.add_argument("--trace", metavar="OUT.json", help="write one profiled run's per-dispatch GPU timeline (the "
                     "ONNX nodes each dispatch fused) as a Chrome trace / Perfetto JSON")

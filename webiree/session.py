@@ -52,10 +52,13 @@ def _ort_type(t: int) -> str:
 
 
 class InferenceSession:
-    def __init__(self, path, submit_chunk: int | None = None, variant: str | None = None):
+    def __init__(self, path, submit_chunk: int | None = None, variant: str | None = None,
+                 pre_encode: bool | None = None):
         """path: a build folder. submit_chunk: 0 (one submit per inference) or N, a submit every
         N dispatches so the GPU starts while the host encodes the rest; None (the default) chooses
         by the adapter: every 16 dispatches on a discrete GPU, one submit elsewhere (WgpuDriver).
+        pre_encode: encode a repeated run's commands while the GPU runs the one before, so that
+        the run only submits them; None (the default): on GPUs, not on CPU renderers.
         variant: the kernel variant to run ('gpu', 'cpu') of a build that carries several; None
         picks by the adapter (a CPU renderer such as lavapipe runs 'cpu'), or $WEBIREE_VARIANT.
         `session.variant` says which runs ("" for a build with one set of kernels)."""
@@ -64,12 +67,12 @@ class InferenceSession:
 
         folder = BuildFolder(path)
         module = folder.module()
-        self._init(module, folder.weights(), WgpuDriver(submit_chunk=submit_chunk), folder.path,
-                   str(folder.path / MODULE_FILE), variant)
+        driver = WgpuDriver(submit_chunk=submit_chunk, pre_encode=pre_encode)
+        self._init(module, folder.weights(), driver, folder.path, str(folder.path / MODULE_FILE), variant)
 
     @classmethod
     def from_module(cls, module, weights: bytes, submit_chunk: int | None = None,
-                    variant: str | None = None) -> "InferenceSession":
+                    variant: str | None = None, pre_encode: bool | None = None) -> "InferenceSession":
         """A session on a module and weights in memory (a CompileResult's `module` and `weights`),
         without writing a build folder. The module goes through its wire format once, so the
         session runs exactly what a build folder's model.wrm would hold."""
@@ -77,8 +80,8 @@ class InferenceSession:
         from .module import read_module, write_module
 
         sess = cls.__new__(cls)
-        sess._init(read_module(write_module(module)), weights, WgpuDriver(submit_chunk=submit_chunk), None,
-                   "the schedule module", variant)
+        driver = WgpuDriver(submit_chunk=submit_chunk, pre_encode=pre_encode)
+        sess._init(read_module(write_module(module)), weights, driver, None, "the schedule module", variant)
         return sess
 
     def _init(self, module, weights: bytes, driver, path, source: str, variant=None) -> None:

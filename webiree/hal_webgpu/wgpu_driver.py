@@ -230,10 +230,14 @@ class WgpuDriver(Driver):
 
     _process_live = 0
 
-    def __init__(self, submit_chunk: int | None = None):
+    def __init__(self, submit_chunk: int | None = None, pre_encode: bool | None = None):
         """submit_chunk: 0 submits an inference as one command buffer; N > 0 submits every N
         dispatches, so the GPU starts while the host still encodes the rest (docs/performance.md);
-        None chooses by the adapter (default_submit_chunk)."""
+        None chooses by the adapter (default_submit_chunk). pre_encode: after each submit, encode
+        the same schedule's next command buffer while the GPU runs this one, so that the next
+        inference only submits it (a schedule's commands are fixed: the inputs and shape words
+        are written into its buffers, which the queue orders before the submit); None: on GPUs,
+        not on CPU renderers (where the GPU's work is the CPU's, so there is nothing to overlap)."""
         self._chunks = (None, None)
         self.adapter, self.device = request_device()
         if submit_chunk is None:
@@ -245,6 +249,12 @@ class WgpuDriver(Driver):
         self.has_timestamps = "timestamp-query" in self.device.features
         self.last_spans = None          # [(begin_ns, end_ns)] per dispatch of the last profiled submit
         self._raw_cache = {}
+        if pre_encode is None:
+            pre_encode = _adapter_kind(self.adapter.info.get("adapter_type", "")) != "cpu"
+        self.pre_encode = pre_encode and _libf is not None
+        self.pre_encoded_submits = 0    # submits of a command buffer encoded during the run before
+        self._encoded = {}              # id(items) -> (items, a finished command buffer not yet submitted)
+        self._last = None               # the items of the last submit
 
     @classmethod
     def process_live_buffers(cls) -> int:
@@ -310,16 +320,26 @@ class WgpuDriver(Driver):
                                    "rebuild it with --limits adapter") from None
 
     def submit(self, items, profile=False):
-        enc = self.device.create_command_encoder()
         query, n_disp = None, sum(1 for it in items if it[0] == "dispatch")
         if profile and self.has_timestamps and n_disp:
             query = self.device.create_query_set(type="timestamp", count=2 * n_disp)
         if query is None and _libf is not None:
-            if self.submit_chunk and n_disp > self.submit_chunk:
+            ready = self._encoded.pop(id(items), None)
+            if ready is not None and ready[0] is items:
+                self.device.queue.submit([ready[1]])
+                self.pre_encoded_submits += 1
+            elif self.submit_chunk and n_disp > self.submit_chunk:
                 for part in self._parts(items):
-                    self._submit_raw(self.device.create_command_encoder(), part)
-                return Ready(None)
-            return self._submit_raw(enc, items)
+                    self.device.queue.submit([self._encode_raw(part)])
+            else:
+                self.device.queue.submit([self._encode_raw(items)])
+            if self.pre_encode and (ready is not None or self._last is items):  # submitted twice in a row
+                if len(self._encoded) >= 4:    # a few schedules (e.g. a decoder's prefill and step)
+                    self._encoded.clear()
+                self._encoded[id(items)] = (items, self._encode_raw(items))
+            self._last = items
+            return Ready(None)
+        enc = self.device.create_command_encoder()
         cpass, k = None, 0
         for it in items:
             if it[0] == "dispatch":
@@ -384,8 +404,10 @@ class WgpuDriver(Driver):
             self._chunks = (items, parts)
         return self._chunks[1]
 
-    def _submit_raw(self, enc, items):
-        """submit() through wgpu-native's C functions directly (same commands, less Python)."""
+    def _encode_raw(self, items):
+        """`items` as a finished command buffer, encoded through wgpu-native's C functions
+        directly (the commands submit()'s wgpu-py path records, with less Python)."""
+        enc = self.device.create_command_encoder()
         raw = self._raw_cache.get(id(items))
         if raw is None or raw[0] is not items:
             steps, prev = [], None
@@ -425,8 +447,7 @@ class WgpuDriver(Driver):
             dispatch(h, st[2], st[3], st[4])
         if cpass is not None:
             cpass.end()
-        self.device.queue.submit([enc.finish()])
-        return Ready(None)
+        return enc.finish()
 
     def read_buffer(self, buffer, offset, size):
         try:
