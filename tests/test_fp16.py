@@ -157,3 +157,25 @@ def test_rounding_is_legalized_for_both_renderers(fn):
     text = wgsl.render(legalize.legalize(k, wgsl.SUPPORTS))
     assert text.count(f"fn wi_{fn}(x: f32) -> f32") == 1 and text.count(f"wi_{fn}(b0[") == 2
     assert "bitcast<u32>(x)" in text          # the helper's body is the bit-level rule
+
+
+def test_half_models_parallel_projections_are_one_product(tmp_path):
+    """onnxruntime's float16 converter (fp32 I/O) on BERT's self-attention: the Q, K and V products
+    each round their sums to f16, an epilogue they share, so they still combine into one product
+    (passes.combine_parallel_matmuls) that rounds alike: the f32 block's three dispatches, and
+    the result within the half model's tolerance of onnxruntime's."""
+    from webiree.testing.models import float16_model
+
+    from .test_pipeline import _attention_block
+
+    model = float16_model(_attention_block(), keep_io_types=True)
+    x = np.random.default_rng(9).standard_normal((1, 8, 16)).astype(np.float32)
+    (got,), res, _ = compile_and_run(model, {"x": x}, tmp_path)
+    (ref,) = ort_run(model, {"x": x})
+    assert [d.kind for d in res.dispatches] == ["matmul", "attention", "generic"], \
+        [(d.kind, d.nodes) for d in res.dispatches]
+    assert len([n for n in res.dispatches[0].nodes if n.startswith("MatMul")]) == 3, res.dispatches[0].nodes
+    combined = [t for t in res.program.tensors.values() if t.name.endswith(":combined") and t.kind != "const"]
+    assert [t.rounded for t in combined] == ["f16"]
+    assert got.shape == ref.shape == (1, 8, 16)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=4 * 2.0 ** -10 * float(np.abs(ref).max()))

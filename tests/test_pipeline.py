@@ -307,7 +307,8 @@ def test_a_cycle_is_a_model_error_naming_its_nodes(tmp_path):
 
 
 def test_submission_is_chosen_by_the_adapter(tmp_path):
-    """Chunked submission by default on discrete GPUs only; lavapipe (a CPU adapter) submits once."""
+    """Chunked submission by default on discrete GPUs only; lavapipe (a CPU adapter) submits once
+    and encodes each run's commands in that run."""
     from webiree.hal_webgpu.wgpu_driver import DISCRETE_GPU_SUBMIT_CHUNK, default_submit_chunk
 
     assert default_submit_chunk("DiscreteGPU") == DISCRETE_GPU_SUBMIT_CHUNK == 16
@@ -317,6 +318,9 @@ def test_submission_is_chosen_by_the_adapter(tmp_path):
     sess = webiree.InferenceSession(tmp_path / "b")
     assert sess.driver.adapter.info["adapter_type"] == "CPU" and sess.driver.submit_chunk == 0
     assert webiree.InferenceSession(tmp_path / "b", submit_chunk=3).driver.submit_chunk == 3
+    # pre-encoding the next run's commands: on GPUs by default, not on a CPU renderer
+    assert sess.driver.pre_encode is False
+    assert webiree.InferenceSession(tmp_path / "b", pre_encode=True).driver.pre_encode is True
 
 
 def _attention_block(tied_v: bool = False, f16_q: bool = False):

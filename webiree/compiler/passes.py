@@ -598,13 +598,17 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
     product's loads). Only plain f32 2-D products with the same A, M, K, transposes and alpha
     are combined, each B a constant read by nothing else and stored in the same narrow form
     (packing.choose: an f16 weight stays f16 beside f16 ones), as many as fit one binding;
-    returns `prog`."""
+    their epilogue is none or the same rounding of each sum to float16 / bfloat16 (a half
+    model's products), which the combined product keeps; returns `prog`."""
     outputs = {prog.root(o) for o in prog.outputs}
     readers = _readers(prog)
+    acc = acc_var("f32")
+    roundings = {None: None, kir.unary("round_f16", acc): "f16", kir.unary("round_bf16", acc): "bf16"}
     groups: dict[tuple, list[MatMul]] = {}
     for op in prog.ops:
         if not isinstance(op, MatMul) or op.int8 or op.batch or op.b_batch or op.a_batch \
-                or op.prologues or op.epilogue is not None or op.out in outputs:
+                or op.prologues or op.epilogue not in roundings or op.out in outputs \
+                or prog.tensors[op.out].rounded != roundings[op.epilogue]:
             continue
         b, out = prog.tensors[op.b], prog.tensors[op.out]
         if b.kind != "const" or b.data is None or b.alias_of is not None or b.form is not None \
@@ -612,7 +616,7 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
                 or op.a == op.b or not isinstance(op.n, int) or not isinstance(op.k, int) \
                 or tuple(out.shape) != (op.m, op.n) or b.data.size != op.n * op.k:
             continue
-        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha, packing.choose(b.data))
+        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha, op.epilogue, packing.choose(b.data))
         groups.setdefault(key, []).append(op)
     for key, group in groups.items():
         members, size = [], 0
@@ -636,6 +640,7 @@ def _combine(prog: Program, members: list) -> None:
     bname, oname = f"{first.b}:combined", f"{first.out}:combined"
     prog.tensors[bname] = Tensor(bname, data.shape, "f32", kind="const", data=data)
     prog.tensors[oname] = Tensor(oname, (first.m, n_total), "f32")
+    prog.tensors[oname].rounded = prog.tensors[first.out].rounded   # the shared epilogue rounds it alike
     combined = dataclasses.replace(first, name=f"{first.name}:combined", out=oname, b=bname, n=n_total,
                                    nodes=[n for op in members for n in op.nodes])
     columns, at = [], 0
