@@ -79,17 +79,23 @@ for _ in range(runs):
         T.setdefault(k, []).append((b - a) * 1e3)
 for k, v in T.items():
     print(f"  {k:<14} median {np.median(v):7.3f} ms  min {np.min(v):7.3f} ms")
-for pre in ([False, True] if hasattr(d, "pre_encode") else [None]):
-    if pre is not None:
-        d.pre_encode = pre
-    for _ in range(3):
-        sess.run(None, feeds)
+def run_times(session, warmup: int) -> list:
+    """Host-to-host ms of `runs` session.run calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        session.run(None, feeds)
     ts = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        sess.run(None, feeds)
+        session.run(None, feeds)
         ts.append((time.perf_counter() - t0) * 1e3)
-    what = {None: "", False: " (encoded in the run)", True: " (pre-encoded: the default)"}[pre]
+    return ts
+
+
+for pre in ([False, True] if hasattr(d, "pre_encode") else [None]):
+    if pre is not None:
+        d.pre_encode = pre
+    ts = run_times(sess, 3)
+    what = {None: "", False: " (encoded in the run)", True: " (pre-encoded; the default on GPUs)"}[pre]
     print(f"  session.run    median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms{what}")
 # back-to-back submits without waiting: GPU throughput bound
 t0 = time.perf_counter()
@@ -107,13 +113,7 @@ for chunk in (16, 64):
     err = max(rel_err(g, r) for g, r in zip(chunked.run(None, feeds), ref))
     if not err <= 1e-4:  # NaN fails too
         sys.exit(f"FAILED: chunks of {chunk}: outputs differ from the one-submit session's by {err:.1e} > 1e-4")
-    for _ in range(10):
-        chunked.run(None, feeds)
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        chunked.run(None, feeds)
-        ts.append((time.perf_counter() - t0) * 1e3)
+    ts = run_times(chunked, 10)
     chunked.close()
     print(f"  chunks of {chunk:<3d}  median {np.median(ts):7.3f} ms  min {np.min(ts):7.3f} ms "
           f"(session.run, {-(-n_disp // chunk)} submits; outputs = one submit's to {err:.0e})")
