@@ -472,9 +472,10 @@ if _ffi is not None:
 def _read_raw(device, buffer, offset, size):
     """Map `buffer` for reading, copy `size` bytes out and unmap, through wgpu-native's C API.
 
-    wgpu-py's map_sync costs ~90 us on the smallest readback (an empty submit before every
-    map, then a wait on its poller thread); this costs ~35 us: wait for the queue to go idle,
-    map (the callback then fires on the next poll, in this thread), copy, unmap.
+    wgpu-py's map_sync submits an empty command buffer before every map, then waits on its
+    poller thread: 0.23-0.46 ms a MobileNetV2 readback on the H200, where this takes 0.03-0.04
+    (docs/performance.md): wait for the queue to go idle, map (the callback then fires on the
+    next poll, in this thread), copy, unmap.
     """
     lib = _libf  # the checked calls: a wgpu error raises
     lib.wgpuDevicePoll(device, True, _ffi.NULL)
