@@ -4,16 +4,21 @@
 
 All on one build and one adapter, medians of --runs runs after 10 warm-up runs:
 - upload, encode+submit, wait (GPU), map+copy: the steps of session.run's one submit,
-  timed one by one; map+copy is the driver's read_buffer (wgpu-native's C API), and on
-  alternate runs wgpu-py's map_sync + read_mapped + unmap for comparison (same buffer); (they leave out encoding the inputs and decoding the outputs, which
-  session.run includes, so they sum to less than it);
+  timed one by one (they leave out encoding the inputs and decoding the outputs, which
+  session.run includes, so they sum to less than it); map+copy is the driver's read_buffer
+  (wgpu-native's C API), and on alternate runs "map (wgpu-py)" times wgpu-py's map_sync +
+  read_mapped + unmap of the same buffer for comparison;
 - session.run: the reference, host to host: with the command buffer encoded in the run, and
-  with the default (pre-encoded: the driver encodes the next run's commands while the GPU runs
-  this one's, so a repeated run only submits them);
+  pre-encoded (the default on GPUs: the driver encodes the next run's commands while the GPU
+  runs this one's, so a repeated run only submits them);
 - pipelined: back-to-back submits with no upload and no readback wait (GPU-bound rate);
 - chunks of C: the same build in InferenceSession(BUILD, submit_chunk=C, pre_encode off),
   session.run host to host; its outputs must equal the one-submit outputs to
   1e-4 relative (else the script exits 1).
+
+A/B against an older checkout (docs/perf/h200/overhead-ab.txt): copy this file into that
+checkout's benchmarks/ and run it there; it imports the webiree beside it, and encode_submit
+below falls back to the driver before pre-encoding.
 """
 
 import sys
