@@ -28,7 +28,7 @@ from ..module import format as F
 from ..target import Target
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
-from ..ir import kir, packing
+from ..ir import kir, packing, ranges
 from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
 from ..wgsl_codegen.tuning import Table
@@ -380,7 +380,11 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
 
 
 def _render(d, targets) -> tuple:
-    """(dispatch, WGSL text, SPIR-V words or None): the kernel legalized and rendered per target."""
+    """(dispatch, WGSL text, SPIR-V words or None): the kernel's index math simplified on the ranges
+    of its values (ir/ranges.py, for the largest grid it is dispatched with), then legalized and
+    rendered per target."""
+    kernel = ranges.simplify(d.kernel, tuple(upper(g) for g in d.grid))
+    d = dataclasses.replace(d, kernel=kernel)
     text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
     spv = None
     if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
