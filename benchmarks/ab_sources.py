@@ -33,13 +33,14 @@ import webiree  # noqa: E402
 TOLERANCE = 1e-4
 
 
-def build(src: Path, onnx_path: Path, out: Path) -> None:
+def build(src: Path, onnx_path: Path, out: Path, label: str) -> None:
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     p = subprocess.run([sys.executable, "-m", "webiree.cli", "build", str(onnx_path.resolve()), "--out", str(out.resolve())],
                        cwd=src, env=env, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"build with {src} failed:\n{p.stderr[-2000:]}")
-    print(f"  {src}: {p.stdout.strip().splitlines()[-1]}")
+    # the build's own line, without this machine's folders (reports are kept in docs/perf/)
+    print(f"  {label}: {p.stdout.strip().splitlines()[-1].replace(str(out.resolve()), out.name)}")
 
 
 def gpu_time_by_kind(sess, feeds, runs: int = 10) -> tuple[float, list]:
@@ -65,8 +66,8 @@ def main() -> int:
         for name in a.models:
             print(f"{name}:")
             dirs = {"old": Path(tmp) / f"{name}-old", "new": Path(tmp) / f"{name}-new"}
-            build(a.old.resolve(), a.seed_dir / f"{name}.onnx", dirs["old"])
-            build(ROOT, a.seed_dir / f"{name}.onnx", dirs["new"])
+            build(a.old.resolve(), a.seed_dir / f"{name}.onnx", dirs["old"], "old")
+            build(ROOT, a.seed_dir / f"{name}.onnx", dirs["new"], "new")
             feeds = dict(np.load(a.seed_dir / f"{name}.inputs.npz"))
             ref = dict(np.load(a.seed_dir / f"{name}.ref.npz"))
             sessions = {k: webiree.InferenceSession(d) for k, d in dirs.items()}
