@@ -41,8 +41,12 @@ def probe_values() -> np.ndarray:
     rng = np.random.default_rng(0)
     scaled = (rng.standard_normal(200) * 10.0 ** rng.integers(-9, 6, 200)).astype(np.float32)
     bits = rng.integers(0, 2 ** 32, 200, dtype=np.uint32).view(np.float32)    # any f32, NaNs included
+    # every half-way point between two f16 subnormals (and the largest subnormal and 2^-14), the f32
+    # values either side of each, both signs
+    ties = ((np.arange(1025) + 0.5) * 2.0 ** -24).astype(np.float32)
+    near = np.concatenate([ties, np.nextafter(ties, np.float32(0)), np.nextafter(ties, np.float32(1))])
     del h
-    return np.concatenate([np.array(vals, np.float32), scaled, bits])
+    return np.concatenate([np.array(vals, np.float32), scaled, bits, near, -near])
 
 
 def bf16_reference_bits(x: np.ndarray) -> np.ndarray:

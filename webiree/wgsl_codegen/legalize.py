@@ -192,21 +192,15 @@ def _round_f16(lg, n):
     """On the bits, so every target rounds alike (WGSL leaves pack2x16float's rounding and overflow to
     the implementation). |x| >= 65520 (inf's half-way point) -> inf; normal f16 range: drop 13 mantissa
     bits, ties to even (a carry moves into the exponent, as it should); below 2^-14: the nearest
-    multiple of 2^-24 from the integer mantissa shifted right, ties to even; NaN unchanged."""
+    multiple of 2^-24, as round(|x| 2^24) 2^-24 (scalings by powers of two are exact there, and WGSL's
+    round is ties to even); NaN unchanged."""
     u = kir.bitcast(_scalar(n), "u32")
     sign = kir.binary("band", u, _u32(0x80000000))
     a = kir.binary("band", u, _u32(0x7FFFFFFF))
     odd = kir.binary("band", kir.binary("shr", a, _u32(13)), _u32(1))
     normal = kir.binary("band", kir.binary("add", kir.binary("add", a, _u32(0xFFF)), odd), _u32(0xFFFFE000))
-    exp = kir.binary("shr", a, _u32(23))
-    mant = kir.binary("bor", kir.binary("band", a, _u32(0x7FFFFF)), _u32(0x800000))
-    # value = mant * 2^(exp - 150) = (mant >> s) * 2^-24 with s = 126 - exp (14..25 here; 25 gives 0)
-    s = kir.binary("sub", _u32(126), kir.minimum(exp, _u32(126)))
-    s = kir.minimum(kir.maximum(s, _u32(1)), _u32(25))   # (the normal range's lanes need no s; keep it valid)
-    half = kir.binary("sub", kir.binary("shl", _u32(1), kir.binary("sub", s, _u32(1))), _u32(1))
-    m = kir.binary("shr", kir.binary("add", kir.binary("add", mant, half),
-                                     kir.binary("band", kir.binary("shr", mant, s), _u32(1))), s)
-    sub = kir.bitcast(kir.binary("mul", kir.cast(m, "f32"), kir.f32(2.0 ** -24)), "u32")
+    scaled = kir.binary("mul", kir.bitcast(a, "f32"), kir.f32(2.0 ** 24))
+    sub = kir.bitcast(kir.binary("mul", kir.unary("round", scaled), kir.f32(2.0 ** -24)), "u32")
     mag = kir.select(kir.binary("ge", a, _u32(0x38800000)), normal, sub)
     mag = kir.select(kir.binary("ge", a, _u32(0x477FF000)), _u32(0x7F800000), mag)
     mag = kir.select(kir.binary("gt", a, _u32(0x7F800000)), a, mag)
