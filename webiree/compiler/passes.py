@@ -481,6 +481,20 @@ def nan_guard() -> kir.Expr:
     return kir.select(kir.unary("isnan", acc), kir.f32(0.0), acc)
 
 
+def unrounded(epilogue: kir.Expr | None) -> kir.Expr | None:
+    """A softmax's epilogue without its rounding of the probability to float16 / bfloat16, where
+    that rounding is all it does to the probability before an optional NaN guard: `round(p)` is
+    None (no epilogue), `guard(round(p))` the guard; any other epilogue is returned as it is."""
+    acc = acc_var("f32")
+    for rounding in ("round_f16", "round_bf16"):
+        rounded = kir.unary(rounding, acc)
+        if epilogue == rounded:
+            return None
+        if epilogue is not None and epilogue == kir.substitute(nan_guard(), {acc: rounded}):
+            return nan_guard()
+    return epilogue
+
+
 def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_groups: int = 65535) -> Program:
     """Q @ Kt (its prologues and its epilogue: the heads' transposes, a scale, a mask), a softmax
     over its last axis and the product of the probabilities with V become one Attention
@@ -488,8 +502,11 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
     tensor is f32 (a float16 model's hold f32 values rounded to halves), the head sizes D and DV
     are at most ATTENTION_HEAD_MAX, the batches (heads) at most `max_groups` (a workgroup each
     along z) and the dispatch binds at most `max_bindings` buffers. The softmax's epilogue is the
-    NaN guard (`nan_guard`), or absent, or any other (a float16 model's rounding), which the
-    kernels compute on each probability in a second pass over the keys. Runs after fusion; the
+    NaN guard (`nan_guard`), or absent, or any other (a head mask's factor), which the kernels
+    compute on each probability in a second pass over the keys. A float16 / bfloat16 model's
+    rounding of each probability to its type (onnxruntime's converter writes one) is dropped: the
+    probabilities are never stored, so they stay f32 between the softmax and the product, as in
+    onnxruntime's fused attention kernels, and one pass serves (`unrounded`). Runs after fusion; the
     driver runs it for every target but a CPU-class one without subgroups, where the fused kernel
     (attention-online) took 2.7x the three dispatches' GPU time on lavapipe (with subgroups,
     attention-subgroup takes 0.39x of theirs)."""
@@ -524,6 +541,7 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
         if any(prog.root(ld.attr) in gone for e in (qk.epilogue, sm.epilogue, pv.epilogue) if e is not None
                for ld in kir.loads_of(e)):
             continue
+        prob = unrounded(sm.epilogue)
         prologues = dict(qk.prologues)
         if pv.b in pv.prologues:
             prologues[pv.b] = pv.prologues[pv.b]
@@ -531,8 +549,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
                         epilogue=pv.epilogue, prologues=prologues,
                         q=qk.a, kt=qk.b, v=pv.b, batch=tuple(pv.batch), q_batch=tuple(qk.a_batch),
                         k_batch=tuple(qk.b_batch), v_batch=tuple(pv.b_batch), m=qk.m, d=qk.k, s=qk.n,
-                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=sm.epilogue == guard,
-                        prob=sm.epilogue if sm.epilogue not in (None, guard) else None, k_rows=qk.trans_b)
+                        dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=prob == guard,
+                        prob=prob if prob not in (None, guard) else None, k_rows=qk.trans_b)
         if _bindings(prog, att.reads(), table_below) + 1 > max_bindings:
             continue
         prog.ops[prog.ops.index(pv)] = att

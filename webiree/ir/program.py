@@ -258,8 +258,8 @@ class Attention(Anchor):
     alpha: float = 1.0
     score: Expr | None = None
     guard: bool = False
-    prob: Expr | None = None    # the softmax's fused epilogue where it is not the NaN guard (a rounding
-                                # to f16): computed on each probability, in a second pass over the keys
+    prob: Expr | None = None    # the softmax's fused epilogue where it is not the NaN guard (a head
+                                # mask's factor): computed on each probability, in a second pass over the keys
     k_rows: bool = False        # `kt` is stored as K itself, [.., S, D] (the first product's trans_b)
 
     def inputs(self):

@@ -159,11 +159,12 @@ def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:
 
 
 def sdpa_block(batch=1, heads=12, m=128, s=128, d=32, dv=32, mask=True, guard=True, scores_out=False,
-               dims=None) -> onnx.ModelProto:
+               dims=None, head_mask=None) -> onnx.ModelProto:
     """Scaled dot-product attention as PyTorch's exporter writes it: softmax(Q @ Kᵀ * d^-1/2 + mask)
     (then `Where(IsNaN(p), 0, p)` where `guard`) @ V, for inputs q [batch, heads, m, d], k [batch,
     heads, s, d], v [batch, heads, s, dv] and mask [batch, 1, m, s] (additive, where `mask`).
-    `scores_out`: the scores are a graph output too. `dims`: names for (m, s), symbolic sizes."""
+    `scores_out`: the scores are a graph output too. `dims`: names for (m, s), symbolic sizes.
+    `head_mask`: a factor per head [heads] multiplying the probabilities (Hugging Face's BERT)."""
     F = TensorProto.FLOAT
     mm, ss = dims if dims else (m, s)
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
@@ -182,11 +183,16 @@ def sdpa_block(batch=1, heads=12, m=128, s=128, d=32, dv=32, mask=True, guard=Tr
     if guard:
         nodes += [helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pg"])]
         last = "pg"
+    if head_mask is not None:
+        nodes.append(helper.make_node("Mul", [last, "head_mask"], ["ph"]))
+        last = "ph"
     nodes.append(helper.make_node("MatMul", [last, "v"], ["y"]))
     outs = [helper.make_tensor_value_info("y", F, [batch, heads, mm, dv])]
     if scores_out:
         outs.append(helper.make_tensor_value_info("scores", F, [batch, heads, mm, ss]))
     inits = {"scale": np.array(d ** -0.5, np.float32), "zero": np.array(0.0, np.float32)}
+    if head_mask is not None:
+        inits["head_mask"] = np.asarray(head_mask, np.float32).reshape(heads, 1, 1)
     return make_model(nodes, ins, outs, inits, name="sdpa")
 
 

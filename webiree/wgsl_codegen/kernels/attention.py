@@ -24,8 +24,9 @@ with l = 0: 0 / 0, as ONNX's softmax gives NaN there, or 0 where the softmax's e
 NaN guard (`guard`; also for a NaN score, which the maximum keeps as NaN, as the softmax does).
 Every invocation reaches every barrier: rows past M are computed from the last row and not stored.
 
-Where the softmax's epilogue is another (`prob`: a float16 model rounds each probability to a
-half), a probability is needed whole before it is used, so the keys are walked twice: first the
+Where the softmax's epilogue is another (`prob`: a head mask's factor; a float16 model's rounding
+of each probability to a half is dropped by the fusion, compiler/passes.py `unrounded`), a
+probability is needed whole before it is used, so the keys are walked twice: first the
 row's maximum and sum (K only; the splits' meet in `Ws`), then each probability exp(s - m) / l
 through the epilogue, times V's row, added to out (the splits' out then simply add).
 
