@@ -6,6 +6,7 @@ SwiftShader has no shader-f16, in test_browser.py (test_half_variant_needs_shade
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -120,3 +121,36 @@ def test_variant_names(tmp_path):
         parse_variants("gpu-f32", Target())
     with pytest.raises(LimitsError):
         parse_variants("f16-gpu", Target())
+
+
+def test_half_arithmetic_gives_the_integer_roundings_bits(tmp_path):
+    """A '-f16' kernel computes a sum, difference or product of two halves in f16
+    (half_storage.half_arithmetic) where the f32-storage kernel rounds f32's result with integer
+    operations: the same bits for halves of every size (subnormal, near overflow, signed zeros) and
+    results that overflow to inf or fall below the subnormals. The halves come from two products
+    with an identity (stored as halves in the '-f16' variant), the three results from one dispatch."""
+    rng = np.random.default_rng(3)
+    rows, k = 64, 16
+    bits = rng.integers(0, 0x7C00, (2, rows, k), dtype=np.uint16) | (rng.integers(0, 2, (2, rows, k), dtype=np.uint16) << 15)
+    x1, x2 = bits.view(np.float16)
+    eye = nh.from_array(np.eye(k, dtype=np.float16), "eye")
+    nodes = [h.make_node("MatMul", ["x1", "eye"], ["y1"]), h.make_node("MatMul", ["x2", "eye"], ["y2"]),
+             h.make_node("Add", ["y1", "y2"], ["s"]), h.make_node("Sub", ["y1", "y2"], ["d"]),
+             h.make_node("Mul", ["y1", "y2"], ["p"])]
+    ins = [h.make_tensor_value_info(n, T.FLOAT16, [rows, k]) for n in ("x1", "x2")]
+    outs = [h.make_tensor_value_info(n, T.FLOAT16, [rows, k]) for n in ("s", "d", "p")]
+    model = h.make_model(h.make_graph(nodes, "arith", ins, outs, [eye]), opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    res = webiree.compile(model, tmp_path, variants="cpu,cpu-f16")
+    ops = [t for f, t in res.shaders if "enable f16;" in t and "array<f16>" in t and "wi_round_f16" not in t]
+    assert sorted(re.search(r"f32\(\(b\d\[o\] ([-+*]) b\d\[o\]\)\)", t).group(1) for t in ops) == ["*", "+", "-"]
+    feeds_ = {"x1": x1, "x2": x2}
+    y1 = (x1.astype(np.float32) @ np.eye(k, dtype=np.float32)).astype(np.float16)   # +0 for -0, as the product
+    y2 = (x2.astype(np.float32) @ np.eye(k, dtype=np.float32)).astype(np.float16)
+    with np.errstate(over="ignore"):
+        want = [y1 + y2, y1 - y2, y1 * y2]          # numpy: each rounded from the exact f32 result
+    got = {v: webiree.InferenceSession(tmp_path, variant=v).run(None, feeds_) for v in ("cpu", "cpu-f16")}
+    assert sum(np.isinf(w).sum() for w in want) > 0 and sum((np.abs(w) < 2.0 ** -14).sum() for w in want) > 0
+    for v, outs_ in got.items():
+        assert len(outs_) == 3
+        for name, g, w in zip("sdp", outs_, want):
+            assert np.array_equal(g.view(np.uint16), w.view(np.uint16)), (v, name, int((g.view(np.uint16) != w.view(np.uint16)).sum()))

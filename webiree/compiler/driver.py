@@ -382,10 +382,12 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
 def _render(d, targets) -> tuple:
     """(dispatch, WGSL text, SPIR-V words or None): the kernel's index math simplified on the ranges
     of its values (ir/ranges.py, for the largest grid it is dispatched with), then legalized and
-    rendered per target."""
+    rendered per target (WGSL with f16 arithmetic where it binds halves: half_storage.half_arithmetic)."""
     kernel = ranges.simplify(d.kernel, tuple(upper(g) for g in d.grid))
     d = dataclasses.replace(d, kernel=kernel)
-    text = wgsl.render(legalize(d.kernel, wgsl.SUPPORTS))
+    if half_storage.uses_halves(kernel):     # a -f16 variant's kernel: halves' sums and products in f16
+        kernel = half_storage.half_arithmetic(kernel)
+    text = wgsl.render(legalize(kernel, wgsl.SUPPORTS))
     spv = None
     if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
         from ..wgsl_codegen import spirv

@@ -100,5 +100,43 @@ def _convert_stores(body: list, names: dict) -> list:
     return out
 
 
+_HALF_ARITH = ("add", "sub", "mul")
+
+
+def half_arithmetic(kernel: kir.Kernel) -> kir.Kernel:
+    """A `-f16` kernel's roundings of a sum, difference or product of two halves, `round_f16(a + b)`,
+    as f16 arithmetic, `f32(f16(a) + f16(b))`: the same bits, since f16's +, - and * are correctly
+    rounded (WGSL) and rounding the exact result once equals rounding f32's (itself exact for a
+    product of halves) to f16 (f32 has 24 >= 2 x 11 + 2 bits: the double rounding is innocuous),
+    where the integer rounding of legalize.py takes 17 operations. A half: a rounding to f16, a
+    weight's unpacked half, a load of halves, a constant that is one. For WGSL (the kernel has
+    `enable f16;` already); SPIR-V keeps the integer rounding. A GPU compiler may still contract
+    such a product into the next such sum (one rounding where the graph has two): at most a half's
+    step, and onnxruntime's own float16 kernels differ from the graph's roundings alike."""
+    cache: dict = {}
+
+    def half(e: kir.Expr) -> bool:
+        if e.dtype != "f32":
+            return False
+        if e.op in ("round_f16", "unpack_f16") or e.op == "cast" and e.args[0].dtype == "f16":
+            return True
+        return e.op == "const" and bool(packing.is_exact(np.float32(e.attr), "f16"))
+
+    def as_half(e: kir.Expr) -> kir.Expr:
+        return e.args[0] if e.op == "cast" and e.args[0].dtype == "f16" else kir.cast(e, "f16")
+
+    def fn(node):
+        if node.op != "round_f16" or node.args[0].op not in _HALF_ARITH:
+            return None
+        x = node.args[0]
+        a, b = (kir.substitute(y, {"__fn__": fn}, cache) for y in x.args)
+        if not (half(a) and half(b)):
+            return kir.unary("round_f16", kir.binary(x.op, a, b))
+        return kir.cast(kir.binary(x.op, as_half(a), as_half(b)), "f32")
+
+    body = kir.map_exprs(kernel.body, lambda e: kir.substitute(e, {"__fn__": fn}, cache))
+    return dataclasses.replace(kernel, body=body)
+
+
 def uses_halves(kernel: kir.Kernel) -> bool:
     return any(b.dtype in HALF.values() for b in kernel.bindings)
