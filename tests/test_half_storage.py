@@ -59,9 +59,9 @@ def test_half_variants_store_halves_and_give_the_same_bits(tmp_path, targets):
         "cpu": "device_class=cpu", "cpu-f16": "device_class=cpu,shader_f16=1",
         "gpu": "device_class=gpu", "gpu-f16": "device_class=gpu,shader_f16=1"}
     # the fused dispatches: matmul+bias+relu+square, softmax, transpose+matmul; the first two
-    # write a half temporary, the last two read one
+    # write a half temporary, the last two read one; the first adds its bias and squares in f16
     assert [d["precision"] for d in info["cpu-f16"]["dispatches"]] == [
-        "f32, weights f16, result rounded to f16, activations stored as f16",
+        "f32, weights f16, result rounded to f16, activations stored as f16, sums and products of halves in f16",
         "f32, result rounded to f16, activations stored as f16",
         "f32, result rounded to f16, activations stored as f16"]
     assert not any("stored" in d["precision"] for d in info["cpu"]["dispatches"])

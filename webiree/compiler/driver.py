@@ -386,7 +386,7 @@ def _render(d, targets) -> tuple:
     kernel = ranges.simplify(d.kernel, tuple(upper(g) for g in d.grid))
     d = dataclasses.replace(d, kernel=kernel)
     if half_storage.uses_halves(kernel):     # a -f16 variant's kernel: halves' sums and products in f16
-        kernel = half_storage.half_arithmetic(kernel)
+        kernel = half_storage.half_arithmetic(kernel)[0]
     text = wgsl.render(legalize(kernel, wgsl.SUPPORTS))
     spv = None
     if "spirv" in targets:   # from the same kernel IR (wgsl_codegen/spirv.py)
@@ -398,7 +398,8 @@ def _render(d, targets) -> tuple:
 def _precision(op, prog, kernel=None) -> str:
     """The dispatch's precision plan, as inspect shows it: what it computes and accumulates in, the
     storage forms of the weights it reads (ir/packing.py), the narrow type its result is rounded to
-    and whether it reads or writes activations stored as halves (compiler/half_storage.py)."""
+    and whether it reads or writes activations stored as halves (compiler/half_storage.py), and then
+    computes sums and products of halves in f16 (half_storage.half_arithmetic)."""
     consts = [prog.tensors[prog.root(r)] for r in op.reads() if prog.tensors[prog.root(r)].kind == "const"]
     forms = sorted({t.pack or t.form for t in consts if t.pack or t.form})
     exprs = [getattr(op, "expr", None), getattr(op, "epilogue", None), getattr(op, "result", None)]
@@ -413,6 +414,8 @@ def _precision(op, prog, kernel=None) -> str:
         plan += ", result rounded to " + "/".join(rounded)
     if kernel is not None and half_storage.uses_halves(kernel):
         plan += ", activations stored as f16"
+        if half_storage.half_arithmetic_ops(kernel):
+            plan += ", sums and products of halves in f16"
     return plan
 
 

@@ -103,24 +103,34 @@ def _convert_stores(body: list, names: dict) -> list:
 _HALF_ARITH = ("add", "sub", "mul")
 
 
-def half_arithmetic(kernel: kir.Kernel) -> kir.Kernel:
-    """A `-f16` kernel's roundings of a sum, difference or product of two halves, `round_f16(a + b)`,
-    as f16 arithmetic, `f32(f16(a) + f16(b))`: the same bits, since f16's +, - and * are correctly
-    rounded (WGSL) and rounding the exact result once equals rounding f32's (itself exact for a
-    product of halves) to f16 (f32 has 24 >= 2 x 11 + 2 bits: the double rounding is innocuous),
-    where the integer rounding of legalize.py takes 17 operations. A half: a rounding to f16, a
-    weight's unpacked half, a load of halves, a constant that is one. For WGSL (the kernel has
-    `enable f16;` already); SPIR-V keeps the integer rounding. A GPU compiler may still contract
-    such a product into the next such sum (one rounding where the graph has two): at most a half's
-    step, and onnxruntime's own float16 kernels differ from the graph's roundings alike."""
-    cache: dict = {}
+def _half(e: kir.Expr, lets: set) -> bool:
+    """A value known to be a half inside a kernel: a rounding to f16, a weight's unpacked half, a
+    load of halves, a constant that is one, a `Let` of one (`lets`: their names), or a select,
+    min, max, negation or absolute value of halves."""
+    if e.dtype != "f32":
+        return e.dtype == "bool" or e.dtype in ("i32", "u32")    # a select's condition
+    if e.op in ("round_f16", "unpack_f16") or e.op == "cast" and e.args[0].dtype == "f16":
+        return True
+    if e.op == "var":
+        return e.attr in lets
+    if e.op == "const":
+        return bool(packing.is_exact(np.float32(e.attr), "f16"))
+    return e.op in _EXACT_OPS and all(_half(a, lets) for a in e.args)
 
-    def half(e: kir.Expr) -> bool:
-        if e.dtype != "f32":
-            return False
-        if e.op in ("round_f16", "unpack_f16") or e.op == "cast" and e.args[0].dtype == "f16":
-            return True
-        return e.op == "const" and bool(packing.is_exact(np.float32(e.attr), "f16"))
+
+def half_arithmetic(kernel: kir.Kernel) -> tuple[kir.Kernel, int]:
+    """A `-f16` kernel's roundings of a sum, difference or product of two halves, `round_f16(a + b)`,
+    as f16 arithmetic, `f32(f16(a) + f16(b))`, and how many there are: the same bits, since f16's
+    +, - and * are correctly rounded (WGSL) and rounding the exact result once equals rounding
+    f32's (itself exact for a product of halves) to f16 (f32 has 24 >= 2 x 11 + 2 bits: the double
+    rounding is innocuous), where the integer rounding of legalize.py takes 17 operations. For
+    WGSL (the kernel has `enable f16;` already); SPIR-V keeps the integer rounding. A GPU compiler
+    may still contract such a product into the next such sum (one rounding where the graph has
+    two): at most a half's step, as onnxruntime's own float16 kernels differ from the graph's
+    roundings."""
+    cache: dict = {}
+    lets: set = set()
+    count = [0]
 
     def as_half(e: kir.Expr) -> kir.Expr:
         return e.args[0] if e.op == "cast" and e.args[0].dtype == "f16" else kir.cast(e, "f16")
@@ -130,12 +140,34 @@ def half_arithmetic(kernel: kir.Kernel) -> kir.Kernel:
             return None
         x = node.args[0]
         a, b = (kir.substitute(y, {"__fn__": fn}, cache) for y in x.args)
-        if not (half(a) and half(b)):
+        if not (_half(a, lets) and _half(b, lets)):
             return kir.unary("round_f16", kir.binary(x.op, a, b))
+        count[0] += 1
         return kir.cast(kir.binary(x.op, as_half(a), as_half(b)), "f32")
 
-    body = kir.map_exprs(kernel.body, lambda e: kir.substitute(e, {"__fn__": fn}, cache))
-    return dataclasses.replace(kernel, body=body)
+    def walk(body: list) -> list:
+        out = []
+        for st in body:
+            if isinstance(st, kir.Let):
+                value = kir.substitute(st.value, {"__fn__": fn}, cache)
+                if _half(value, lets):
+                    lets.add(st.name)
+                out.append(kir.Let(st.name, value))
+            elif isinstance(st, kir.For):
+                out.append(dataclasses.replace(st, body=walk(st.body)))
+            elif isinstance(st, kir.If):
+                out.append(kir.If(st.cond, walk(st.then), walk(st.orelse)))
+            else:
+                out.extend(kir.map_exprs([st], lambda e: kir.substitute(e, {"__fn__": fn}, cache)))
+        return out
+
+    body = walk(kernel.body)
+    return dataclasses.replace(kernel, body=body), count[0]
+
+
+def half_arithmetic_ops(kernel: kir.Kernel) -> int:
+    """How many roundings `half_arithmetic` computes in f16 (inspect's precision plan names them)."""
+    return half_arithmetic(kernel)[1]
 
 
 def uses_halves(kernel: kir.Kernel) -> bool:
