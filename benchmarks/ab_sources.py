@@ -48,8 +48,9 @@ def build(src: Path, onnx_path: Path, out: Path, label: str) -> None:
 
 def warm(sessions, feeds, seconds: float = 1.0) -> None:
     """The GPU's clock up (hold_clocks), then each session's runs for `seconds`: a GPU that idled
-    through the builds runs at its idle clock (an H100's SM at 345 MHz against 1,980), and without
-    this MobileNetV2's first 80 runs read 2.2 ms where warm ones take 0.66 ms (docs/performance.md)."""
+    through the builds runs at its idle clock (an H100's SM at 345 MHz against 1,980): without this,
+    MobileNetV2's 80 runs read 2.22 ms on an H100, and 0.658 ms warm in a later call there
+    (docs/performance.md)."""
     wgpu_driver.hold_clocks(seconds)
     for s in sessions:
         t_end = time.perf_counter() + seconds

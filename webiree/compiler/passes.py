@@ -482,16 +482,16 @@ def nan_guard() -> kir.Expr:
 
 
 def unrounded(epilogue: kir.Expr | None) -> kir.Expr | None:
-    """A softmax's epilogue without its rounding of the probability to float16 / bfloat16, where
-    that rounding is all it does to the probability before an optional NaN guard: `round(p)` is
-    None (no epilogue), `guard(round(p))` the guard; any other epilogue is returned as it is."""
+    """A softmax's epilogue without its rounding of the probability to float16, where that rounding
+    is all it does to the probability before an optional NaN guard: `round(p)` is None (no
+    epilogue), `guard(round(p))` the guard; any other epilogue (a bfloat16 model's rounding
+    included) is returned as it is."""
     acc = acc_var("f32")
-    for rounding in ("round_f16", "round_bf16"):
-        rounded = kir.unary(rounding, acc)
-        if epilogue == rounded:
-            return None
-        if epilogue is not None and epilogue == kir.substitute(nan_guard(), {acc: rounded}):
-            return nan_guard()
+    rounded = kir.unary("round_f16", acc)
+    if epilogue == rounded:
+        return None
+    if epilogue is not None and epilogue == kir.substitute(nan_guard(), {acc: rounded}):
+        return nan_guard()
     return epilogue
 
 
@@ -503,8 +503,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
     are at most ATTENTION_HEAD_MAX, the batches (heads) at most `max_groups` (a workgroup each
     along z) and the dispatch binds at most `max_bindings` buffers. The softmax's epilogue is the
     NaN guard (`nan_guard`), or absent, or any other (a head mask's factor), which the kernels
-    compute on each probability in a second pass over the keys. A float16 / bfloat16 model's
-    rounding of each probability to its type (onnxruntime's converter writes one) is dropped: the
+    compute on each probability in a second pass over the keys. A float16 model's rounding of
+    each probability to a half (onnxruntime's converter writes one) is dropped: the
     probabilities are never stored, so they stay f32 between the softmax and the product, as in
     onnxruntime's fused attention kernels, and one pass serves (`unrounded`). Runs after fusion; the
     driver runs it for every target but a CPU-class one without subgroups, where the fused kernel
