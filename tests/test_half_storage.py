@@ -127,8 +127,9 @@ def test_half_arithmetic_gives_the_integer_roundings_bits(tmp_path):
     """A '-f16' kernel computes a sum, difference or product of two halves in f16
     (half_storage.half_arithmetic) where the f32-storage kernel rounds f32's result with integer
     operations: the same bits for halves of every size (subnormal, near overflow, signed zeros) and
-    results that overflow to inf or fall below the subnormals. The halves come from two products
-    with an identity (stored as halves in the '-f16' variant), the three results from one dispatch."""
+    results that overflow to inf or fall below the subnormals: 1,024 pairs, each added, subtracted
+    and multiplied. The halves come from two products with an identity (stored as halves in the
+    '-f16' variant); each result is a dispatch of its own that reads them."""
     rng = np.random.default_rng(3)
     rows, k = 64, 16
     bits = rng.integers(0, 0x7C00, (2, rows, k), dtype=np.uint16) | (rng.integers(0, 2, (2, rows, k), dtype=np.uint16) << 15)

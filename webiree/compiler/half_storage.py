@@ -38,19 +38,27 @@ def _result(op: P.Op):
     return getattr(op, "epilogue", None)
 
 
-def _is_half(e: kir.Expr, prog: P.Program, halves: set) -> bool:
+def _only_halves(e: kir.Expr, leaf) -> bool:
+    """Whether every value `e` can take is a half: a rounding to f16, a weight's unpacked half, a
+    constant that is one, or a select, min, max, negation or absolute value of halves; `leaf`
+    decides the rest (loads, variables). Non-float parts (a select's condition) do not matter."""
     if e.dtype != "f32":
-        return True         # a select's condition, an index
+        return True
     if e.op in ("round_f16", "unpack_f16"):
         return True
     if e.op == "const":
         return bool(packing.is_exact(np.float32(e.attr), "f16"))
-    if e.op == "load":
-        t = prog.tensors.get(e.attr)
-        return t is not None and (t.rounded == "f16" or prog.root(e.attr) in halves)
     if e.op in _EXACT_OPS:
-        return all(_is_half(a, prog, halves) for a in e.args)
-    return False
+        return all(_only_halves(a, leaf) for a in e.args)
+    return leaf(e)
+
+
+def _is_half(e: kir.Expr, prog: P.Program, halves: set) -> bool:
+    """In the program: a load of a tensor rounded to f16, or of one stored as halves, is a half."""
+    def leaf(n):
+        t = prog.tensors.get(n.attr) if n.op == "load" else None
+        return t is not None and (t.rounded == "f16" or prog.root(n.attr) in halves)
+    return _only_halves(e, leaf)
 
 
 def half_tensors(prog: P.Program) -> frozenset:
@@ -104,18 +112,9 @@ _HALF_ARITH = ("add", "sub", "mul")
 
 
 def _half(e: kir.Expr, lets: set) -> bool:
-    """A value known to be a half inside a kernel: a rounding to f16, a weight's unpacked half, a
-    load of halves, a constant that is one, a `Let` of one (`lets`: their names), or a select,
-    min, max, negation or absolute value of halves."""
-    if e.dtype != "f32":
-        return e.dtype == "bool" or e.dtype in ("i32", "u32")    # a select's condition
-    if e.op in ("round_f16", "unpack_f16") or e.op == "cast" and e.args[0].dtype == "f16":
-        return True
-    if e.op == "var":
-        return e.attr in lets
-    if e.op == "const":
-        return bool(packing.is_exact(np.float32(e.attr), "f16"))
-    return e.op in _EXACT_OPS and all(_half(a, lets) for a in e.args)
+    """In a `-f16` kernel: a load of halves (widened at once) and a `Let` of a half (`lets`: their
+    names) are halves too."""
+    return _only_halves(e, lambda n: n.op == "cast" and n.args[0].dtype == "f16" or n.op == "var" and n.attr in lets)
 
 
 def half_arithmetic(kernel: kir.Kernel) -> tuple[kir.Kernel, int]:
@@ -126,8 +125,7 @@ def half_arithmetic(kernel: kir.Kernel) -> tuple[kir.Kernel, int]:
     rounding is innocuous), where the integer rounding of legalize.py takes 17 operations. For
     WGSL (the kernel has `enable f16;` already); SPIR-V keeps the integer rounding. A GPU compiler
     may still contract such a product into the next such sum (one rounding where the graph has
-    two): at most a half's step, as onnxruntime's own float16 kernels differ from the graph's
-    roundings."""
+    two): at most a half's step, within the model's tolerance (docs/precision.md)."""
     cache: dict = {}
     lets: set = set()
     count = [0]

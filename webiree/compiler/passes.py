@@ -505,8 +505,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
     NaN guard (`nan_guard`), or absent, or any other (a head mask's factor), which the kernels
     compute on each probability in a second pass over the keys. A float16 model's rounding of
     each probability to a half (onnxruntime's converter writes one) is dropped: the
-    probabilities are never stored, so they stay f32 between the softmax and the product, as in
-    onnxruntime's fused attention kernels, and one pass serves (`unrounded`). Runs after fusion; the
+    probabilities are never stored, so they stay f32 between the softmax and the product, and
+    one pass serves (`unrounded`). Runs after fusion; the
     driver runs it for every target but a CPU-class one without subgroups, where the fused kernel
     (attention-online) took 2.7x the three dispatches' GPU time on lavapipe (with subgroups,
     attention-subgroup takes 0.39x of theirs)."""
