@@ -371,19 +371,24 @@ def test_weights_keep_their_shipped_size(models, name, capsys):
     # products in i32, dequantized to f32
     integer = [d for d in contractions if d["precision"].startswith("int8 products in i32")]
     assert contractions and all(d["precision"].startswith("f32") for d in contractions if d not in integer)
-    assert len(integer) == integer_contractions(model), [d["precision"] for d in contractions]
+    # each integer contraction of the model is summed by one of them (Q, K and V's three
+    # MatMulIntegers of a layer by one combined product: passes.combine_parallel_matmuls)
+    expected = integer_contractions(model)
+    summed = [n for d in integer for n in d["nodes"] if n in expected]
+    assert sorted(summed) == sorted(expected) and len(integer) <= len(expected), \
+        ([d["precision"] for d in contractions], len(expected))
     weights = [d["precision"].partition("weights ")[2].split(",")[0].split("/") for d in contractions]
     assert sum(form in w for w in weights) >= len(contractions) // 2, \
         [d["precision"] for d in contractions]
 
 
-def integer_contractions(model: onnx.ModelProto) -> int:
-    """The contractions webiree sums in integers: each MatMulInteger, and each pointwise Conv (1x1,
-    one group), MatMul or Gemm of two DequantizeLinears whose weights are 8-bit initializers
-    (ops/quant.py qdq_conv, qdq_matmul; this model's K are multiples of 4)."""
+def integer_contractions(model: onnx.ModelProto) -> list[str]:
+    """The names of the contractions webiree sums in integers: each MatMulInteger, and each
+    pointwise Conv (1x1, one group), MatMul or Gemm of two DequantizeLinears whose weights are 8-bit
+    initializers (ops/quant.py qdq_conv, qdq_matmul; this model's K are multiples of 4)."""
     producer = {o: n for n in model.graph.node for o in n.output}
     inits = {t.name: t for t in model.graph.initializer}
-    count = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    names = [n.name for n in model.graph.node if n.op_type == "MatMulInteger"]
     for n in model.graph.node:
         if n.op_type not in ("Conv", "MatMul", "Gemm"):
             continue
@@ -392,8 +397,10 @@ def integer_contractions(model: onnx.ModelProto) -> int:
             continue
         w = inits.get(dw.input[0])
         group = next((a.i for a in n.attribute if a.name == "group"), 1)
-        count += w is not None and (all(d == 1 for d in w.dims[2:]) and group == 1 if n.op_type == "Conv" else len(w.dims) == 2)
-    return count
+        if w is not None and (all(d == 1 for d in w.dims[2:]) and group == 1 if n.op_type == "Conv" else len(w.dims) == 2):
+            names.append(n.name)
+    assert len(set(names)) == len(names) and all(names), names     # (named, each once)
+    return names
 
 
 # ---------------------------------------------------------------- the browser

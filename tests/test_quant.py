@@ -82,7 +82,8 @@ def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path, 
     three MatMulIntegers, each dequantized (Cast, scale products) with a bias. The quantized
     activation is computed once, packed four values to a word (a quarter of the f32 activation),
     and each exact integer product reads the words and dequantizes in its epilogue: the range and
-    the packing (one dispatch), and three products; GPU and CPU-renderer plans, WGSL and SPIR-V."""
+    the packing (one dispatch), and three products (each result is a graph output, so they are not
+    combined: passes.combine_parallel_matmuls); GPU and CPU-renderer plans, WGSL and SPIR-V."""
     rng = np.random.default_rng(7)
     m_, k, n = 64, 48, 32
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
@@ -110,6 +111,48 @@ def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path, 
     assert [d.kind for d in res.dispatches] == ["quantizewords", "matmul", "matmul", "matmul"], \
         [(d.kind, d.nodes) for d in res.dispatches]
     assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
+
+
+@pytest.mark.parametrize("limits, targets", [("default", ("wgsl",)), ("adapter", ("wgsl",)), ("cpu", ("spirv",))])
+def test_dynamic_quantized_attention_projections_are_one_integer_product(tmp_path, limits, targets):
+    """quantize_dynamic's attention: Q, K and V are MatMulIntegers of one DynamicQuantizeLinear,
+    each dequantized with a bias, and read by the attention's products. The three integer products
+    become one whose B holds their words side by side (passes.combine_parallel_matmuls), and each
+    projection's zero-point term, scales and bias are computed where the attention reads it: one
+    range-pack, one product, then the attention (fused, or its products). Equal to onnxruntime."""
+    rng = np.random.default_rng(11)
+    m_, k, n = 32, 64, 16
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
+    inits = [helper.make_tensor("scale", T.FLOAT, [], [0.25])]
+    for i, name in enumerate("qkv"):
+        w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+        inits += [helper.make_tensor(f"w{i}", T.INT8, [k, n], w.tobytes(), raw=True),
+                  helper.make_tensor(f"ws{i}", T.FLOAT, [], [float(0.01 * (i + 1))]),
+                  helper.make_tensor(f"b{i}", T.FLOAT, [n], rng.standard_normal(n).astype(np.float32).tolist())]
+        nodes += [helper.make_node("MatMulInteger", ["xq", f"w{i}", "xz"], [f"p{i}"]),
+                  helper.make_node("Cast", [f"p{i}"], [f"pf{i}"], to=T.FLOAT),
+                  helper.make_node("Mul", ["xs", f"ws{i}"], [f"s{i}"]),
+                  helper.make_node("Mul", [f"pf{i}", f"s{i}"], [f"d{i}"]),
+                  helper.make_node("Add", [f"d{i}", f"b{i}"], [name])]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+              helper.make_node("Mul", ["qk", "scale"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [m_, n])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    x = rng.standard_normal((m_, k)).astype(np.float32)
+    (got,), res, _ = compile_and_run(m, {"x": x}, tmp_path, limits=limits, targets=targets)
+    (ref,) = ort_run(m, {"x": x})
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    combined = {t.name: (t.shape, t.dtype, t.form) for t in res.program.tensors.values()
+                if t.name.endswith(":combined") and t.kind == "const"}
+    assert list(combined.values()) == [((k // 4, 3 * n), "u32", "i8")], combined
+    kinds = [d.kind for d in res.dispatches]
+    # the attention is one dispatch where the plan fuses it (GPUs, CPU adapters with subgroups)
+    rest = ["attention"] if limits in ("default", "adapter") else ["matmul", "softmax", "matmul"]
+    assert kinds == ["quantizewords", "matmul"] + rest, [(d.kind, d.nodes) for d in res.dispatches]
 
 
 @pytest.mark.parametrize("opset", [13, 21])

@@ -617,24 +617,33 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
     are combined, each B a constant read by nothing else and stored in the same narrow form
     (packing.choose: an f16 weight stays f16 beside f16 ones), as many as fit one binding;
     their epilogue is none or the same rounding of each sum to float16 / bfloat16 (a half
-    model's products), which the combined product keeps; returns `prog`."""
+    model's products), which the combined product keeps. Integer products (MatMul.int8: what
+    quantize_dynamic and QDQ graphs become) combine alike where they read the same words of A
+    with the same A offset and B zero point: their Bs are words [K/4, N], side by side too, and
+    their i32 sums have no epilogue (each output's zero-point term, scales and bias are computed
+    by its readers). A product whose result reaches a graph output through elementwise ops alone
+    keeps its own dispatch: there its epilogue computes that output, where combined its columns
+    would take a pass of their own. Returns `prog`."""
     outputs = {prog.root(o) for o in prog.outputs}
     readers = _readers(prog)
     acc = acc_var("f32")
     roundings = {None: None, kir.unary("round_f16", acc): "f16", kir.unary("round_bf16", acc): "bf16"}
     groups: dict[tuple, list[MatMul]] = {}
     for op in prog.ops:
-        if not isinstance(op, MatMul) or op.int8 or op.batch or op.b_batch or op.a_batch \
+        if not isinstance(op, MatMul) or op.batch or op.b_batch or op.a_batch \
                 or op.prologues or op.epilogue not in roundings or op.out in outputs \
-                or prog.tensors[op.out].rounded != roundings[op.epilogue]:
+                or prog.tensors[op.out].rounded != roundings[op.epilogue] or op.int8 and op.epilogue is not None \
+                or _elementwise_to_output(prog, readers, outputs, op.out):
             continue
         b, out = prog.tensors[op.b], prog.tensors[op.out]
-        if b.kind != "const" or b.data is None or b.alias_of is not None or b.form is not None \
-                or b.dtype != "f32" or out.dtype != "f32" or len(readers.get(op.b, [])) != 1 \
+        b_dtype, out_dtype, b_size = ("u32", "i32", op.n * op.k // 4) if op.int8 else ("f32", "f32", op.n * op.k)
+        if b.kind != "const" or b.data is None or b.alias_of is not None or b.form is not None and not op.int8 \
+                or b.dtype != b_dtype or out.dtype != out_dtype or len(readers.get(op.b, [])) != 1 \
                 or op.a == op.b or not isinstance(op.n, int) or not isinstance(op.k, int) \
-                or tuple(out.shape) != (op.m, op.n) or b.data.size != op.n * op.k:
+                or tuple(out.shape) != (op.m, op.n) or b.data.size != b_size:
             continue
-        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha, op.epilogue, packing.choose(b.data))
+        key = (prog.root(op.a), op.m, op.k, op.trans_a, op.trans_b, op.alpha, op.epilogue,
+               op.int8, op.a_words, op.a_unsigned, op.b_zero, b.form, packing.choose(b.data))
         groups.setdefault(key, []).append(op)
     for key, group in groups.items():
         members, size = [], 0
@@ -648,22 +657,39 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
     return prog
 
 
+def _elementwise_to_output(prog: Program, readers: dict, outputs: set, t: str) -> bool:
+    """Whether a graph output is computed from `t` by Generic ops alone (fusion would put them
+    all in the epilogue of t's producer)."""
+    todo, seen = [t], set()
+    while todo:
+        t = todo.pop()
+        if t in outputs:
+            return True
+        if t not in seen:
+            seen.add(t)
+            todo += [prog.root(r.out) for r in readers.get(t, []) if isinstance(r, Generic)]
+    return False
+
+
 def _combine(prog: Program, members: list) -> None:
     """Replace the products `members` (one A, see combine_parallel_matmuls) by one product of
     their Bs side by side, at the first one's place, and a Generic op per original output."""
     first, n_total = members[0], sum(op.n for op in members)
-    parts = [np.ascontiguousarray(prog.tensors[op.b].data).reshape((op.n, op.k) if op.trans_b else (op.k, op.n))
+    rows = first.k // 4 if first.int8 else first.k      # an integer product's B: words of 4 values of K
+    parts = [np.ascontiguousarray(prog.tensors[op.b].data).reshape((op.n, rows) if op.trans_b else (rows, op.n))
              for op in members]
     data = np.concatenate(parts, axis=0 if first.trans_b else 1)
     bname, oname = f"{first.b}:combined", f"{first.out}:combined"
-    prog.tensors[bname] = Tensor(bname, data.shape, "f32", kind="const", data=data)
-    prog.tensors[oname] = Tensor(oname, (first.m, n_total), "f32")
+    b_dtype, out_dtype = prog.tensors[first.b].dtype, prog.tensors[first.out].dtype
+    prog.tensors[bname] = Tensor(bname, data.shape, b_dtype, kind="const", data=data)
+    prog.tensors[bname].form = prog.tensors[first.b].form    # (an integer product's words: i8 or u8)
+    prog.tensors[oname] = Tensor(oname, (first.m, n_total), out_dtype)
     prog.tensors[oname].rounded = prog.tensors[first.out].rounded   # the shared epilogue rounds it alike
     combined = dataclasses.replace(first, name=f"{first.name}:combined", out=oname, b=bname, n=n_total,
                                    nodes=[n for op in members for n in op.nodes])
     columns, at = [], 0
     for op in members:
-        expr = kir.load(oname, (O // op.n) * n_total + (O % op.n) + at, "f32")
+        expr = kir.load(oname, (O // op.n) * n_total + (O % op.n) + at, out_dtype)
         columns.append(Generic(name=f"{op.name}:columns", out=op.out, nodes=[], expr=expr))
         at += op.n
         release(prog.tensors[op.b].data)
