@@ -5,6 +5,7 @@ int4, each as its tool writes it, built by webiree and run on the same adapter.
 Usage::
 
     python benchmarks/precision.py [--seed-dir tests/.data/seed] [--runs 30] [--limits adapter] [--json OUT]
+                                   [--only minilm] [--variant int8-dynamic ...] [--reverse]
 
 Variants of each seed model (tests/seed/export_seed_models.py writes them; `--seed-dir`):
 
@@ -80,10 +81,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--limits", default="adapter")
     p.add_argument("--only", action="append", choices=list(VARIANTS))
+    p.add_argument("--variant", action="append", metavar="NAME",
+                   help="time only these variants (and f32, the base of every ratio); repeatable")
     p.add_argument("--reverse", action="store_true",
                    help="build, create and time the variants in reverse order (a check that the order biases no ratio)")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    known = {v for vs in VARIANTS.values() for v in vs}
+    if set(args.variant or ()) - known:
+        p.error(f"unknown variant(s) {sorted(set(args.variant) - known)}; known: {sorted(known)}")
     warnings.simplefilter("ignore")
     from webiree.bench import alternating_medians, bench
     from webiree.bundler.site import compile as build, resolve_target
@@ -105,7 +111,8 @@ def main(argv=None) -> int:
                 while time.perf_counter() < t_end:
                     s.run(None, feeds)
             sessions, rows = [], []
-            for variant in (VARIANTS[model][::-1] if args.reverse else VARIANTS[model]):
+            chosen = [v for v in VARIANTS[model] if v == "f32" or not args.variant or v in args.variant]
+            for variant in (chosen[::-1] if args.reverse else chosen):
                 path = make_variant(src, variant, tmp / f"{model}-{variant}.onnx", feeds)
                 limits = args.limits
                 if variant.endswith("-f32act"):     # the same target without shader-f16: no halves stored

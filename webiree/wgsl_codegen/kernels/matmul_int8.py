@@ -7,8 +7,9 @@ DynamicQuantizeLinear does) and packed where they are loaded. So one word load, 
 one instruction carry what takes four of each in the f32 kernels, and the sum is exact.
 
 The strategies are the f32 ones' (same grids, same register blocks, same planner), with words
-where those move floats: subgroup-broadcast (CPU adapters with subgroups), register-blocked (CPU),
-tiled-shared and split-k (GPUs). tiled-shared-vec4 multiplies vec4f lanes and has no integer form.
+where those move floats: subgroup-broadcast (CPU adapters with subgroups), which unpacks the words
+and sums in exact f32 (EXACT_WORDS), register-blocked (CPU), tiled-shared and split-k (GPUs), which
+take dot4i8. tiled-shared-vec4 multiplies vec4f lanes and has no integer form.
 
 A' = A - 128 for an unsigned A (so it fits a signed byte); the kernel's result is
 sum A'B' - b_zero * sum A' (the row sums taken by the same dot4i8 against 0x01010101 where b_zero
@@ -128,39 +129,128 @@ def _column_slots(op: P.MatMul, cfg, width: int):
     return body, bz, a_off, n0, m0, nc, slots, K4
 
 
+# The subgroup-broadcast kernel (CPU adapters) sums in f32, exactly: every product of a
+# signed byte A' and a signed byte B' is an integer of magnitude at most 128 * 128 = 2^14, so any
+# sum of EXACT_WORDS * 4 = 1,024 of them is an integer of magnitude at most 2^24, which f32 holds
+# exactly (and an fma rounds nothing); after each such chunk of K the f32 partial sums are added to
+# the i32 ones. A CPU has no instruction for dot4I8Packed, which llvmpipe computes byte by byte
+# (sign extensions, products, sums) for every pair of words; in f32 each word is unpacked once,
+# for all the rows or columns it meets, and each product is one fma (docs/performance.md,
+# "Integer products on a CPU renderer"). The register-blocked kernel keeps dot4i8: in f32 it took
+# as long (lavapipe, --limits cpu, quantize_dynamic MiniLM: 150.5 ms against 148.5).
+EXACT_WORDS = 256
+
+
+def _signed_byte(word, q: int):
+    """Byte q (0: the lowest) of the u32 `word` as a signed value, in f32 (exact)."""
+    w = kir.bitcast(word, "i32")
+    w = kir.binary("shl", w, i32(24 - 8 * q)) if q < 3 else w
+    return kir.cast(kir.binary("shr", w, i32(24)), "f32")
+
+
+class _F32Sums:
+    """The exact f32 sums of the subgroup kernel's RM x RN block of slots: f{i}_{j} (a vec4f of a slot's
+    columns, or an f32), and fs{i} (row sums of A', where b_zero is not 0)."""
+
+    def __init__(self, op: P.MatMul, rm: int, rn: int, vec: int):
+        self.op, self.rm, self.rn, self.vec = op, rm, rn, vec
+        self.t = "vec4f" if vec == 4 else "f32"
+        self.zero = kir.splat(kir.f32(0.0)) if vec == 4 else kir.f32(0.0)
+
+    def decls(self) -> list:
+        out = []
+        for i in range(self.rm):
+            out += [Decl(f"f{i}_{j}", self.t, self.zero) for j in range(self.rn)]
+            out += [Decl(f"fs{i}", "f32", kir.f32(0.0))] if self.op.b_zero else []
+        return out
+
+    def b_values(self, b: Binder, k4, nc, name: str) -> list:
+        """Each slot's words of K values 4*k4.. loaded and unpacked: {name}_{j}_{kk} holds the
+        slot's columns' values at K = 4*k4 + kk."""
+        stmts = []
+        for j in range(self.rn):
+            stmts += _b_slot(b, self.op, k4, nc[j], self.vec, f"w{name}_{j}")
+            for kk in range(4):
+                vals = [_signed_byte(lvar(f"w{name}_{j}_{q}", "u32"), kk) for q in range(self.vec)]
+                stmts.append(Let(f"{name}_{j}_{kk}", kir.vec4(*vals) if self.vec == 4 else vals[0]))
+        return stmts
+
+    def fmas(self, i: int, av, name: str) -> list:
+        """Row i's 4 values of A (the vec4f `av`) times the slots' unpacked B values `name`."""
+        stmts = []
+        if self.op.b_zero:
+            row = kir.lane(av, 0) + kir.lane(av, 1) + kir.lane(av, 2) + kir.lane(av, 3)
+            stmts.append(Assign(f"fs{i}", lvar(f"fs{i}", "f32") + row))
+        for kk in range(4):
+            a = kir.splat(kir.lane(av, kk)) if self.vec == 4 else kir.lane(av, kk)
+            for j in range(self.rn):
+                f = lvar(f"f{i}_{j}", self.t)
+                stmts.append(Assign(f"f{i}_{j}", kir.fma(a, lvar(f"{name}_{j}_{kk}", self.t), f)))
+        return stmts
+
+    def flush(self) -> list:
+        """The chunk's exact f32 sums added to the i32 accumulators (and row sums), and zeroed."""
+        stmts = []
+        for i in range(self.rm):
+            for j in range(self.rn):
+                f = lvar(f"f{i}_{j}", self.t)
+                for q in range(self.vec):
+                    v = kir.lane(f, q) if self.vec == 4 else f
+                    stmts.append(Assign(f"acc{i}_{j}_{q}", lvar(f"acc{i}_{j}_{q}", "i32") + kir.cast(v, "i32")))
+                stmts.append(Assign(f"f{i}_{j}", self.zero))
+            if self.op.b_zero:
+                stmts += [Assign(f"sa{i}", lvar(f"sa{i}", "i32") + kir.cast(lvar(f"fs{i}", "f32"), "i32")),
+                          Assign(f"fs{i}", kir.f32(0.0))]
+        return stmts
+
+    def loop(self, var: str, stop: int, step: int, block) -> list:
+        """for var in 0..stop (words of K) by `step`, flushed every EXACT_WORDS words (a multiple
+        of step); block(var) is the loop's body."""
+        assert EXACT_WORDS % step == 0, step
+        v, kc = lvar(var, "i32"), lvar("kc", "i32")
+        if stop <= EXACT_WORDS:
+            return [For(var, i32(0), i32(stop), block(v), step=step)] + self.flush()
+        inner = For(var, kc, kir.minimum(kc + EXACT_WORDS, i32(stop)), block(v), step=step)
+        return [For("kc", i32(0), i32(stop), [inner] + self.flush(), step=EXACT_WORDS)]
+
+
+def _unpacked(word):
+    """A word's four signed bytes as a vec4f."""
+    return kir.vec4(*(_signed_byte(word, q) for q in range(4)))
+
+
 def _subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
-    """Invocation x of the one-subgroup workgroup (S invocations) owns column slots n0 + x + j*S of
-    RM rows; per block of 4*S values of K it packs A's 4 values at 4x.. of each row into a word,
-    and subgroupBroadcast hands each word to all: one word per row and source lane, one B load per
-    slot (vec4u: 4 columns' words), 4 dot4i8 of 4 values each."""
+    """CPU adapters with subgroups (lavapipe). Invocation x of the one-subgroup workgroup (S
+    invocations) owns column slots n0 + x + j*S of RM rows; per block of 4*S values of K it loads
+    one word of A per row (A's 4 values at 4x..), unpacks it into a vec4f, and subgroupBroadcast
+    hands each to all; each B word (vec4u: a slot's 4 columns) is unpacked once for all RM rows,
+    and the sums are exact f32 (EXACT_WORDS)."""
     S = cfg.workgroup_size[0]
     rm, rn, vec = cfg.tile.rows, cfg.tile.cols, cfg.vector
     M = op.m
     body, bz, a_off, n0, m0, nc, slots, K4 = _column_slots(op, cfg, S)
+    sums = _F32Sums(op, rm, rn, vec)
+    body += sums.decls()
 
     def block(k40, a_k4, words):
-        """`words` words of K from word k40: each lane packs its word of every row, then broadcasts."""
-        stmts = [Let(f"aw{i}", _a_word(b, op, a_off, lvar(f"mr{i}", "i32"), a_k4)) for i in range(rm)]
+        """`words` words of K from word k40: each lane unpacks its word of every row, then broadcasts."""
+        stmts = []
+        for i in range(rm):
+            stmts.append(Let(f"av{i}", _unpacked(_a_word(b, op, a_off, lvar(f"mr{i}", "i32"), a_k4))))
         for src in range(words):
-            a = []
+            stmts += sums.b_values(b, k40 + src, nc, f"bv{src}")
             for i in range(rm):
-                stmts.append(Let(f"s{i}_{src}", kir.subgroup_broadcast(lvar(f"aw{i}", "u32"), src)))
-                a.append(lvar(f"s{i}_{src}", "u32"))
-                stmts += _add_row_sum(op, i, a[i])
-            bw = []
-            for j in range(rn):
-                stmts += _b_slot(b, op, k40 + src, nc[j], vec, f"bw{src}_{j}")
-                bw.append([lvar(f"bw{src}_{j}_{q}", "u32") for q in range(vec)])
-            stmts += _multiply(rm, rn, vec, a, bw)
+                stmts.append(Let(f"s{i}_{src}", kir.subgroup_broadcast(lvar(f"av{i}", "vec4f"), src)))
+                stmts += sums.fmas(i, lvar(f"s{i}_{src}", "vec4f"), f"bv{src}")
         return stmts
-    k40 = lvar("k40", "i32")
     main = K4 - K4 % S
     if main:
-        body.append(For("k40", i32(0), i32(main), block(k40, k40 + lid(), S), step=S))
-    if K4 % S:   # the tail: lanes past its end re-pack its last word (never broadcast)
+        body += sums.loop("k40", main, S, lambda k40: block(k40, k40 + lid(), S))
+    if K4 % S:   # the tail (a chunk of its own): lanes past its end re-read its last word (never broadcast)
         tail = K4 % S
         body.append(kir.For("tail", i32(0), i32(1),
                             block(i32(main), main + kir.minimum(lid(), tail - 1), tail), unroll=True))
+        body += sums.flush()
     body += _store(op, b, bz, _block_values(op, rm, rn, vec, m0, n0, S))
     return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
 
