@@ -133,11 +133,12 @@ def _column_slots(op: P.MatMul, cfg, width: int):
 # signed byte A' and a signed byte B' is an integer of magnitude at most 128 * 128 = 2^14, so any
 # sum of EXACT_WORDS * 4 = 1,024 of them is an integer of magnitude at most 2^24, which f32 holds
 # exactly (and an fma rounds nothing); after each such chunk of K the f32 partial sums are added to
-# the i32 ones. A CPU has no instruction for dot4I8Packed, which llvmpipe computes byte by byte
-# (sign extensions, products, sums) for every pair of words; in f32 each word is unpacked once,
-# for all the rows or columns it meets, and each product is one fma (docs/performance.md,
-# "Integer products on a CPU renderer"). The register-blocked kernel keeps dot4i8: in f32 it took
-# as long (lavapipe, --limits cpu, quantize_dynamic MiniLM: 150.5 ms against 148.5).
+# the i32 ones. dot4I8Packed works on a pair of words, so each word is taken apart again for every
+# row or column it meets; in f32 each word is unpacked once, for all the rows or columns it meets,
+# and each product is one fma: on lavapipe quantize_dynamic MiniLM took 81.6 ms this way against
+# 147.6 with dot4I8Packed, the same bits (docs/performance.md,
+# "Integer products: combined, and in f32 on a CPU renderer"). The register-blocked kernel keeps
+# dot4i8: in f32 it took longer (lavapipe, --limits cpu, quantize_dynamic MiniLM: 136 ms against 118).
 EXACT_WORDS = 256
 
 
