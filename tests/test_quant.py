@@ -75,6 +75,25 @@ def test_quantize_words_for_any_workgroup_count(tmp_path, monkeypatch, wg, words
     assert q.grid[0] * q.grid[1] == -(-12289 // (wg * words)), q.grid
 
 
+def _dynamic_projections(rng, k: int, n: int, outputs, w_low: int = -127):
+    """quantize_dynamic's form of len(outputs) projections of one x [m, k]: one DynamicQuantizeLinear,
+    then per output a MatMulInteger with constant int8 weights, its Cast, the scales' product and a
+    bias. Returns (nodes, initializers)."""
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
+    inits = []
+    for i, name in enumerate(outputs):
+        w = rng.integers(w_low, 128, size=(k, n)).astype(np.int8)
+        inits += [helper.make_tensor(f"w{i}", T.INT8, [k, n], w.tobytes(), raw=True),
+                  helper.make_tensor(f"ws{i}", T.FLOAT, [], [float(0.01 * (i + 1))]),
+                  helper.make_tensor(f"b{i}", T.FLOAT, [n], rng.standard_normal(n).astype(np.float32).tolist())]
+        nodes += [helper.make_node("MatMulInteger", ["xq", f"w{i}", "xz"], [f"p{i}"]),
+                  helper.make_node("Cast", [f"p{i}"], [f"pf{i}"], to=T.FLOAT),
+                  helper.make_node("Mul", ["xs", f"ws{i}"], [f"s{i}"]),
+                  helper.make_node("Mul", [f"pf{i}", f"s{i}"], [f"d{i}"]),
+                  helper.make_node("Add", [f"d{i}", f"b{i}"], [name])]
+    return nodes, inits
+
+
 @pytest.mark.parametrize("limits, targets", [("default", ("wgsl",)), ("cpu", ("wgsl",)), ("default", ("spirv",)),
                                              ("cpu", ("spirv",))])
 def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path, limits, targets):
@@ -86,18 +105,7 @@ def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path, 
     combined: passes.combine_parallel_matmuls); GPU and CPU-renderer plans, WGSL and SPIR-V."""
     rng = np.random.default_rng(7)
     m_, k, n = 64, 48, 32
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
-    inits = []
-    for i in range(3):
-        w = rng.integers(-127, 128, size=(k, n)).astype(np.int8)
-        inits += [helper.make_tensor(f"w{i}", T.INT8, [k, n], w.tobytes(), raw=True),
-                  helper.make_tensor(f"ws{i}", T.FLOAT, [], [float(0.01 * (i + 1))]),
-                  helper.make_tensor(f"b{i}", T.FLOAT, [n], rng.standard_normal(n).astype(np.float32).tolist())]
-        nodes += [helper.make_node("MatMulInteger", ["xq", f"w{i}", "xz"], [f"p{i}"]),
-                  helper.make_node("Cast", [f"p{i}"], [f"pf{i}"], to=T.FLOAT),
-                  helper.make_node("Mul", ["xs", f"ws{i}"], [f"s{i}"]),
-                  helper.make_node("Mul", [f"pf{i}", f"s{i}"], [f"d{i}"]),
-                  helper.make_node("Add", [f"d{i}", f"b{i}"], [f"y{i}"])]
+    nodes, inits = _dynamic_projections(rng, k, n, ["y0", "y1", "y2"])
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])],
                           [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [m_, n]) for i in range(3)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
@@ -122,18 +130,8 @@ def test_dynamic_quantized_attention_projections_are_one_integer_product(tmp_pat
     range-pack, one product, then the attention (fused, or its products). Equal to onnxruntime."""
     rng = np.random.default_rng(11)
     m_, k, n = 32, 64, 16
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
-    inits = [helper.make_tensor("scale", T.FLOAT, [], [0.25])]
-    for i, name in enumerate("qkv"):
-        w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
-        inits += [helper.make_tensor(f"w{i}", T.INT8, [k, n], w.tobytes(), raw=True),
-                  helper.make_tensor(f"ws{i}", T.FLOAT, [], [float(0.01 * (i + 1))]),
-                  helper.make_tensor(f"b{i}", T.FLOAT, [n], rng.standard_normal(n).astype(np.float32).tolist())]
-        nodes += [helper.make_node("MatMulInteger", ["xq", f"w{i}", "xz"], [f"p{i}"]),
-                  helper.make_node("Cast", [f"p{i}"], [f"pf{i}"], to=T.FLOAT),
-                  helper.make_node("Mul", ["xs", f"ws{i}"], [f"s{i}"]),
-                  helper.make_node("Mul", [f"pf{i}", f"s{i}"], [f"d{i}"]),
-                  helper.make_node("Add", [f"d{i}", f"b{i}"], [name])]
+    nodes, inits = _dynamic_projections(rng, k, n, ["q", "k", "v"], w_low=-128)
+    inits.append(helper.make_tensor("scale", T.FLOAT, [], [0.25]))
     nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
               helper.make_node("MatMul", ["q", "kt"], ["qk"]),
               helper.make_node("Mul", ["qk", "scale"], ["scores"]),
