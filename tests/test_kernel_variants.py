@@ -65,6 +65,36 @@ def test_subgroup_matmul(sa, sb, tmp_path, cpu_limits):
     assert res.module.limits["subgroup_size"] == cpu_limits["subgroup_size"]
 
 
+@pytest.mark.parametrize("sa,sb", [
+    ([128, 384], [384, 96]),       # slot pairs, no tail of K
+    ([33, 72], [72, 48]),          # rows past a block, a tail of K
+    ([3, 17, 40], [3, 40, 64]),    # batched B
+    ([5, 36], [36, 20]),           # 5 slots a row: two words a slot
+])
+def test_subgroup_matmul_of_half_weights(sa, sb, tmp_path, cpu_limits, monkeypatch):
+    """A constant B whose every value is a half is stored as f16 pairs (ir/packing.py); where N %
+    8 == 0 the subgroup kernel reads 8 of them, two slots, with one vec4<u32> load
+    (matmul._half_pairs) instead of two u32 loads a slot. Against onnxruntime, and bit for bit
+    against the same model read two words a slot and against its SPIR-V executable."""
+    from webiree.wgsl_codegen.kernels import matmul
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal(sb).astype(np.float16).astype(np.float32)
+    out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
+    m = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])], [vi("a", sa)], [vi("y", out)], {"w": w})
+    feeds = sample_inputs(m)
+    res, got = run_cpu(m, tmp_path / "pairs", cpu_limits, feeds)
+    assert strategies(res) == ["subgroup-broadcast"]
+    assert res.module.info["memory"]["weights_by_form"] == {"f16": w.size * 2}
+    code = res.module.executables[0].code.decode()
+    assert ("array<vec4<u32>>" in code) == (sb[-1] % 8 == 0), code[:300]
+    _, spirv = run_cpu(m, tmp_path / "spirv", cpu_limits, feeds, targets=["spirv"])
+    monkeypatch.setattr(matmul, "_half_pairs", lambda *a: False)
+    res, words = run_cpu(m, tmp_path / "words", cpu_limits, feeds)
+    assert "array<vec4<u32>>" not in res.module.executables[0].code.decode()
+    for other in (words, spirv):
+        np.testing.assert_array_equal(got[0].view(np.uint32), other[0].view(np.uint32))
+
+
 def test_subgroup_matmul_epilogue_alpha_and_prologue(tmp_path, cpu_limits):
     """Gemm alpha/beta/bias as the epilogue, A computed by a fused prologue (four values a vec4)."""
     rng = np.random.default_rng(4)

@@ -233,8 +233,8 @@ class Binder:
             self.name(out)
         tensors = self.prog.tensors
         def dtype(t, vec):
-            if vec:
-                return "vec4u" if tensors[t].dtype == "u32" and not tensors[t].pack else "vec4f"
+            if vec:     # a packed constant's vec4 binding holds its words (matmul._half_pairs)
+                return "vec4u" if tensors[t].dtype == "u32" or tensors[t].pack else "vec4f"
             return "u32" if tensors[t].pack else tensors[t].dtype
         return [kir.Binding(i, f"b{i}", dtype(t, vec),
                             writes=(t == out),

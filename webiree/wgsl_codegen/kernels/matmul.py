@@ -59,13 +59,16 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     return [If(kir.binary("eq", kir.i32(op.n % 4), kir.i32(0)), body4, body1)], shared1 + shared4, grid
 
 
-def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str) -> list:
+def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str,
+                            names=None) -> list:
     """Append Let nc{j} = column slot n0 + j*stride (clamped to the last slot) and zeroed
-    accumulators acc{i}_{j} (f32 or vec4f) to `body`; return the nc{j} variables."""
+    accumulators acc{i}_{name j} (f32 or vec4f; names[j], default j) to `body`; return the nc{j}
+    variables."""
+    names = names or [str(j) for j in range(rn)]
     for j in range(rn):
         body.append(Let(f"nc{j}", kir.minimum(n0 + j * stride, slots - 1)))
         for i in range(rm):
-            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if acc_t == "vec4f" else f32(0.0)))
+            body.append(Decl(f"acc{i}_{names[j]}", acc_t, kir.splat(f32(0.0)) if acc_t == "vec4f" else f32(0.0)))
     return [lvar(f"nc{j}", "i32") for j in range(rn)]
 
 
@@ -210,15 +213,23 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     acc_t = "vec4f" if vec == 4 else "f32"
     bz, a_off, b_off = _batch_offsets(op)
     ab = _batch_indices(op)[0]
-    body = [Let("a_off4", a_off // 4), Let("b_offv", b_off // vec),
-            Let("n0", kir.cast(kir.WID[0], "i32") * (S * rn) + lid()),
+    paired = _half_pairs(op, prog, b, vec, rn, slots)
+    width = S * rn // 2 if paired else S * rn      # n0 counts pairs of slots where paired
+    body = [Let("a_off4", a_off // 4), Let("b_offv", b_off // (8 if paired else vec)),
+            Let("n0", kir.cast(kir.WID[0], "i32") * width + lid()),
             Let("m0", kir.cast(kir.WID[1], "i32") * rm)]
     n0, m0 = lvar("n0", "i32"), lvar("m0", "i32")
     a_off4, b_offv = lvar("a_off4", "i32"), lvar("b_offv", "i32")
     mr = [kir.minimum(m0 + i, M - 1) for i in range(rm)]
     for i in range(rm):
         body.append(Let(f"ar{i}", a_off4 + mr[i] * K4))
-    nc = _slots_and_accumulators(body, n0, S, slots, rm, rn, acc_t)
+    if paired:      # invocation x owns the slot pairs n0 + x + p*S: slots 2 (n0 + p*S) and the next
+        pc = _slots_and_accumulators(body, n0, S, slots // 2, rm, rn // 2, acc_t, names=[f"{2 * p}" for p in range(rn // 2)])
+        body += [Decl(f"acc{i}_{2 * p + 1}", acc_t, kir.splat(f32(0.0))) for p in range(rn // 2) for i in range(rm)]
+        slot_of = [2 * (n0 + (j // 2) * S) + j % 2 for j in range(rn)]
+    else:
+        nc = _slots_and_accumulators(body, n0, S, slots, rm, rn, acc_t)
+        slot_of = [n0 + j * S for j in range(rn)]
     ar = [lvar(f"ar{i}", "i32") for i in range(rm)]
     load_b = b.load4 if vec == 4 else b.load
 
@@ -228,7 +239,18 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
                  for i in range(rm)]
         for kk in range(steps):
             src, q = kk // 4, kk % 4
-            stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
+            if paired:      # one vec4u load: 8 halves, the pair's two slots at row k0 + kk
+                words = b.name(op.b, vec=True)
+                for p in range(rn // 2):
+                    w = f"bw{kk}_{p}"
+                    stmts.append(Let(w, kir.load(words, b_offv + (k0 + kk) * (slots // 2) + pc[p], "vec4u")))
+                    for h in range(2):
+                        lanes = [kir.lane(lvar(w, "vec4u"), 2 * h + q2 // 2) for q2 in range(4)]
+                        halves = [kir.unpack_f16(x if q2 % 2 == 0 else kir.binary("shr", x, kir.const(16, "u32")))
+                                  for q2, x in enumerate(lanes)]
+                        stmts.append(Let(f"b{kk}_{2 * p + h}", kir.vec4(*halves)))
+            else:
+                stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
             for i in range(rm):
                 if q == 0:
                     stmts.append(Let(f"s{i}_{src}", kir.subgroup_broadcast(lvar(f"av{i}", "vec4f"), src)))
@@ -246,9 +268,19 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
         tail = K % kb
         body.append(kir.For("tail", i32(0), i32(1),
                             block(i32(main), main // 4 + kir.minimum(lid(), tail // 4 - 1), tail), unroll=True))
-    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, n0 + j * S)
+    body += _store_blocks(op, prog, b, bz, [(f"acc{i}_{j}", m0 + i, slot_of[j])
                                             for i in range(rm) for j in range(rn)], vec)
     return body, [], (-(-slots // (S * rn)), -(-M // rm), max(numel(op.batch), 1))
+
+
+def _half_pairs(op: P.MatMul, prog, b: Binder, vec: int, rn: int, slots) -> bool:
+    """Whether the subgroup kernel reads B as vec4<u32> words, 8 halves (two slots) a load: a
+    constant B stored as f16 pairs (ir/packing.py), an even number of slots a row (N % 8 == 0)
+    and of slots an invocation. On lavapipe a load costs a loop over the lanes whatever its width,
+    and B's halves otherwise take two u32 loads a slot where f32's take one vec4 load."""
+    t = prog.tensors[prog.root(op.b)]
+    return vec == 4 and rn % 2 == 0 and isinstance(slots, int) and slots % 2 == 0 and t.pack == "f16" \
+        and t.table_word is None and op.b not in b.prologues and not op.trans_b
 
 
 def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
