@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 EVAL_TIMEOUT_S = 60
 NUMPY_OF = {"float32": "<f4", "int64": "<i8", "int32": "<i4", "bool": "u1", "uint8": "u1", "float16": "<f2"}
 TYPE_OF = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64", np.dtype(np.int32): "int32",
-           np.dtype(np.bool_): "bool", np.dtype(np.float16): "float16"}   # float16 travels as its bits
+           np.dtype(np.bool_): "bool", np.dtype(np.uint8): "uint8",
+           np.dtype(np.float16): "float16"}   # float16 travels as its bits
 # Chromium's WGSL compiler (Tint) rejects a const-expression that evaluates to inf/NaN, which naga accepts.
 
 
@@ -248,19 +249,54 @@ def test_kernel_variant_picked_by_the_adapter(page, server, sites):
         in r["error"], r
 
 
-def _one_dispatch_in_every_variant(page, server, sites, name, model, feeds, strategies):
+def _one_dispatch_in_every_variant(page, server, sites, name, model, feeds, strategies, ref=None):
     """Build `model` for every adapter, run it in Chromium in the variant picked (cpu-sg4 on
-    SwiftShader), in 'gpu' and in 'cpu', and check each against onnxruntime and that its one
-    dispatch is the expected strategy (strategies: variant -> strategy)."""
+    SwiftShader), in 'gpu' and in 'cpu', and check each against onnxruntime (or against `ref`,
+    element for element) and that its one dispatch is the expected strategy (strategies: variant
+    -> strategy, or the list of its dispatches' strategies). Returns the build."""
     res = webiree.compile(model, sites[0] / name)
     by_variant = {v.name: [d["config"]["strategy"] for d in v.info["dispatches"]] for v in res.module.variants}
-    ref = ort_run(model, feeds)[0]
+    want_out = ort_run(model, feeds)[0] if ref is None else ref
     for option, want in ((None, "cpu-sg4"), ("gpu", "gpu"), ("cpu", "cpu")):
-        assert by_variant[want] == [strategies[want]], by_variant
+        assert by_variant[want] == (strategies[want] if isinstance(strategies[want], list) else [strategies[want]]), by_variant
         r = run_site(page, server, name, feeds, options={"variant": option} if option else {"startTier": False})
         check_no_error(r)
         assert r["variant"] == want, r
-        assert_close(decode_outputs(r)[model.graph.output[0].name], ref, name=f"{name} ({want})")
+        got = decode_outputs(r)[model.graph.output[0].name]
+        if ref is None:
+            assert_close(got, want_out, name=f"{name} ({want})")
+        else:
+            np.testing.assert_array_equal(got, want_out, err_msg=f"{name} ({want})")
+    return res
+
+
+def test_integer_products_in_every_variant(page, server, sites):
+    """An integer product whose sums of A'B' pass 2^24 (test_quant.extreme_integer_product) on
+    SwiftShader in each kernel variant, equal to numpy's int64 product: subgroup-broadcast in
+    'cpu-sg4' (exact f32 sums flushed to i32 every 1,024 values of K), dot4I8Packed in 'gpu' and
+    'cpu'; each after the elementwise dispatch that packs A into words."""
+    from .test_quant import extreme_integer_product
+    model, feeds, ref = extreme_integer_product()
+    _one_dispatch_in_every_variant(page, server, sites, "int8_extreme", model, feeds,
+                                   {v: ["elementwise", k] for v, k in (("cpu-sg4", "subgroup-broadcast"),
+                                                                       ("gpu", "split-k"), ("cpu", "register-blocked"))},
+                                   ref=ref)
+
+
+def test_half_weights_read_in_pairs_in_every_variant(page, server, sites):
+    """A product of a constant whose values are halves (stored as f16 pairs) on SwiftShader in
+    each kernel variant against onnxruntime; in 'cpu-sg4' the subgroup kernel reads B as
+    vec4<u32> words, two slots a load (matmul._half_pairs)."""
+    w = np.random.default_rng(13).standard_normal((72, 48)).astype(np.float16).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
+                       [helper.make_tensor_value_info("a", TensorProto.FLOAT, [33, 72])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [33, 48])], {"w": w})
+    res = _one_dispatch_in_every_variant(page, server, sites, "half_pairs", model, sample_inputs(model),
+                                         {"cpu-sg4": "subgroup-broadcast", "gpu": "tiled-shared",
+                                          "cpu": "register-blocked"})
+    (sg4,) = [v for v in res.module.variants if v.name == "cpu-sg4"]
+    (d,) = sg4.info["dispatches"]
+    assert "array<vec4<u32>>" in res.module.executables[d["exec"]].code.decode(), d
 
 
 def test_chained_products_in_every_variant(page, server, sites):

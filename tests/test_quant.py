@@ -235,12 +235,10 @@ def test_integer_product_equals_onnxruntime(tmp_path, case, limits):
                                        "adapter": {"subgroup-broadcast"}}[limits], d.config
 
 
-def test_integer_product_in_f32_chunks_is_exact_past_2_to_the_24(tmp_path):
-    """The subgroup-broadcast integer product (CPU adapters) sums in f32, exact only while every
-    partial sum stays within 2^24: it adds its f32 sums to i32 ones after each 1,024 values of K
-    (kernels/matmul_int8.py EXACT_WORDS). Here every product is near the extreme 2^14 (A' and B'
-    of -128 and -127, odd products among them) over K = 2,052 (two whole chunks and a tail), so
-    each sum of A'B' is about 3.3e7, past f32's exact integers: equal to numpy's int64 product."""
+def extreme_integer_product():
+    """A MatMulInteger whose every product is near the extreme 2^14 (A' = A - 128 and B' of -128
+    and -127, odd products among them) over K = 2,052, so that each sum of A'B' is about 3.3e7,
+    past f32's exact integers. Returns (model, feeds, numpy's int64 result)."""
     rng = np.random.default_rng(5)
     m_, k, n = 8, 2052, 16
     w = rng.integers(-128, -126, size=(k, n)).astype(np.int8)
@@ -250,10 +248,18 @@ def test_integer_product_in_f32_chunks_is_exact_past_2_to_the_24(tmp_path):
                           [helper.make_tensor("w", T.INT8, [k, n], w.tobytes(), raw=True)])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
     a = rng.integers(0, 2, size=(m_, k)).astype(np.uint8)       # A' = A - 128: -128 or -127
-    (got,), res, _ = compile_and_run(model, {"a": a}, tmp_path, limits="adapter")
-    ref = a.astype(np.int64) @ w.astype(np.int64)
-    inner = (a.astype(np.int64) - 128) @ w.astype(np.int64)     # the kernel's sum of A'B' (ref = inner + 128 sum B)
+    inner = (a.astype(np.int64) - 128) @ w.astype(np.int64)     # the kernels' sum of A'B' (the result is it + 128 sum B)
     assert np.abs(inner).min() > 2 ** 24 and (inner % 2).any()
+    return model, {"a": a}, a.astype(np.int64) @ w.astype(np.int64)
+
+
+def test_integer_product_in_f32_chunks_is_exact_past_2_to_the_24(tmp_path):
+    """The subgroup-broadcast integer product (CPU adapters) sums in f32, exact only while every
+    partial sum stays within 2^24: it adds its f32 sums to i32 ones after each 1,024 values of K
+    (kernels/matmul_int8.py EXACT_WORDS). On extreme_integer_product (two whole chunks and a tail,
+    sums past 2^24): equal to numpy's int64 product. (tests/test_browser.py runs it in Chromium.)"""
+    model, feeds, ref = extreme_integer_product()
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits="adapter")
     np.testing.assert_array_equal(got, ref)
     (d,) = [d for d in res.dispatches if d.kind == "matmul"]
     assert d.config.strategy.value == "subgroup-broadcast", d.config

@@ -59,16 +59,13 @@ def build_matmul(op: P.MatMul, prog, cfg, limits, b: Binder):
     return [If(kir.binary("eq", kir.i32(op.n % 4), kir.i32(0)), body4, body1)], shared1 + shared4, grid
 
 
-def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str,
-                            names=None) -> list:
+def _slots_and_accumulators(body: list, n0, stride: int, slots: int, rm: int, rn: int, acc_t: str) -> list:
     """Append Let nc{j} = column slot n0 + j*stride (clamped to the last slot) and zeroed
-    accumulators acc{i}_{name j} (f32 or vec4f; names[j], default j) to `body`; return the nc{j}
-    variables."""
-    names = names or [str(j) for j in range(rn)]
+    accumulators acc{i}_{j} (f32 or vec4f) to `body`; return the nc{j} variables."""
     for j in range(rn):
         body.append(Let(f"nc{j}", kir.minimum(n0 + j * stride, slots - 1)))
         for i in range(rm):
-            body.append(Decl(f"acc{i}_{names[j]}", acc_t, kir.splat(f32(0.0)) if acc_t == "vec4f" else f32(0.0)))
+            body.append(Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0)) if acc_t == "vec4f" else f32(0.0)))
     return [lvar(f"nc{j}", "i32") for j in range(rn)]
 
 
@@ -223,10 +220,12 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     mr = [kir.minimum(m0 + i, M - 1) for i in range(rm)]
     for i in range(rm):
         body.append(Let(f"ar{i}", a_off4 + mr[i] * K4))
-    if paired:      # invocation x owns the slot pairs n0 + x + p*S: slots 2 (n0 + p*S) and the next
-        pc = _slots_and_accumulators(body, n0, S, slots // 2, rm, rn // 2, acc_t, names=[f"{2 * p}" for p in range(rn // 2)])
-        body += [Decl(f"acc{i}_{2 * p + 1}", acc_t, kir.splat(f32(0.0))) for p in range(rn // 2) for i in range(rm)]
-        slot_of = [2 * (n0 + (j // 2) * S) + j % 2 for j in range(rn)]
+    half = rn // 2
+    if paired:      # invocation x owns the slot pairs n0 + p*S (p < RN/2): slots 2 (n0 + p*S), in
+        # accumulators and B values j = p, and the slot after it, in j = p + RN/2
+        pc = _slots_and_accumulators(body, n0, S, slots // 2, rm, half, acc_t)
+        body += [Decl(f"acc{i}_{j}", acc_t, kir.splat(f32(0.0))) for j in range(half, rn) for i in range(rm)]
+        slot_of = [2 * (n0 + (j % half) * S) + j // half for j in range(rn)]
     else:
         nc = _slots_and_accumulators(body, n0, S, slots, rm, rn, acc_t)
         slot_of = [n0 + j * S for j in range(rn)]
@@ -241,14 +240,14 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
             src, q = kk // 4, kk % 4
             if paired:      # one vec4u load: 8 halves, the pair's two slots at row k0 + kk
                 words = b.name(op.b, vec=True)
-                for p in range(rn // 2):
+                for p in range(half):
                     w = f"bw{kk}_{p}"
                     stmts.append(Let(w, kir.load(words, b_offv + (k0 + kk) * (slots // 2) + pc[p], "vec4u")))
-                    for h in range(2):
+                    for h in range(2):      # words 2h and 2h + 1: the four halves of slot 2 (n0 + p*S) + h
                         lanes = [kir.lane(lvar(w, "vec4u"), 2 * h + q2 // 2) for q2 in range(4)]
                         halves = [kir.unpack_f16(x if q2 % 2 == 0 else kir.binary("shr", x, kir.const(16, "u32")))
                                   for q2, x in enumerate(lanes)]
-                        stmts.append(Let(f"b{kk}_{2 * p + h}", kir.vec4(*halves)))
+                        stmts.append(Let(f"b{kk}_{p + h * half}", kir.vec4(*halves)))
             else:
                 stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
             for i in range(rm):
