@@ -299,6 +299,21 @@ def test_half_weights_read_in_pairs_in_every_variant(page, server, sites):
     assert "array<vec4<u32>>" in res.module.executables[d["exec"]].code.decode(), d
 
 
+def test_4bit_weights_read_as_words_in_every_variant(page, server, sites):
+    """A MatMulNBits product (packed zero points, bias, blocks of 16: shorter than a step of K,
+    and a tail of K) on SwiftShader in each kernel variant against onnxruntime; in 'cpu-sg4' the
+    subgroup kernel reads B's words, eight values of K for four columns, as vec4<u32>
+    (matmul._nibbles), the others dequantize B in their loads through its prologue."""
+    from .test_contrib_quant import nbits_model
+    model, feeds = nbits_model(96, 40, 16, zp="packed", bias=True, a_shape=(33,), seed=3)
+    res = _one_dispatch_in_every_variant(page, server, sites, "nibbles", model, feeds,
+                                         {"cpu-sg4": "subgroup-broadcast", "gpu": "tiled-shared",
+                                          "cpu": "register-blocked"})
+    (sg4,) = [v for v in res.module.variants if v.name == "cpu-sg4"]
+    (d,) = sg4.info["dispatches"]
+    assert "array<vec4<u32>>" in res.module.executables[d["exec"]].code.decode(), d
+
+
 def test_chained_products_in_every_variant(page, server, sites):
     """A feed-forward block as one chained-product dispatch (kernels/matmul_chain.py) on
     SwiftShader in each kernel variant: chain-subgroup with subgroups of 4 in 'cpu-sg4' (the one

@@ -105,12 +105,15 @@ def matmul_dispatches(res):
 
 def assert_one_dispatch(res):
     """The dequantization of B runs inside the matmul's loads (a prologue), the bias in its epilogue:
-    one dispatch for the node, reading the packed bytes of B (not a dequantized copy)."""
+    one dispatch for the node, reading the packed bytes of B (not a dequantized copy): as shipped,
+    or, at 4 bits with N % 4 == 0 and no padded block, the same bytes as words along K (B:words)."""
     ops = matmul_dispatches(res)
     assert len(ops) == 1, res.dumps["fuse"]
     (mm,) = ops
     assert type(mm).__name__ == "MatMul" and len(mm.prologues) == 1, res.dumps["fuse"]
-    assert "B" in mm.reads(), mm.reads()
+    assert ("B:words" if mm.nibbles else "B") in mm.reads(), mm.reads()
+    words = res.program.tensors.get("B:words")
+    assert mm.nibbles is None or (words.dtype == "u32" and words.data.nbytes == res.graph.constants["B"].nbytes)
 
 
 @pytest.mark.parametrize("block", [16, 32, 128])
@@ -224,15 +227,40 @@ def test_matmul_nbits_accuracy_level_4(tmp_path):
     compare(m, feeds, tmp_path, ref_model=ref_model)
 
 
-def test_matmul_nbits_keeps_weights_packed(tmp_path):
-    """The build's weights hold B's bytes (as uint8 elements), never a float [N, K] copy."""
-    K, N = 512, 64
+@pytest.mark.parametrize("N", [64, 62])
+def test_matmul_nbits_keeps_weights_packed(tmp_path, N):
+    """The build's weights hold B's bytes, never a float [N, K] copy: at N % 4 == 0 as u32 words
+    [K/8, N] of eight values along K (the same bytes), otherwise as shipped (uint8 elements)."""
+    K = 512
     m, feeds = nbits_model(K, N, 32, zp="packed")
     res = compare(m, feeds, tmp_path)
     consts = {t.name: t for t in res.program.tensors.values() if t.kind == "const"}
-    assert "B" in consts and consts["B"].shape == (N, K // 32, 16)
-    assert not any(t.shape == (N, K) for t in consts.values())
+    if N % 4 == 0:
+        assert "B" not in consts and consts["B:words"].shape == (K // 8, N) and consts["B:words"].dtype == "u32"
+        words = np.asarray(consts["B:words"].data)
+        assert np.array_equal(words.T.copy().view(np.uint8).reshape(-1), res.graph.constants["B"].reshape(-1))
+    else:
+        assert "B:words" not in consts and consts["B"].shape == (N, K // 32, 16)
+    assert not any(t.shape in ((N, K), (K, N)) for t in consts.values())
     assert len(res.weights) < 4 * N * K
+
+
+def test_matmul_nbits_tied_weight_keeps_its_layout(tmp_path):
+    """A B that two MatMulNBits read (a tied weight) is not laid out anew for either: weights.bin
+    holds its bytes once."""
+    K, N = 256, 32
+    m, feeds = nbits_model(K, N, 32)
+    node = m.graph.node[0]
+    twin = helper.make_node("MatMulNBits", ["a2", "B", "scales"], ["y2"], name="twin", domain=MS, K=K, N=N, bits=4,
+                            block_size=32)
+    m.graph.node.append(twin)
+    m.graph.input.append(helper.make_tensor_value_info("a2", F, [3, K]))
+    m.graph.output.append(helper.make_tensor_value_info("y2", F, [3, N]))
+    feeds["a2"] = np.random.default_rng(9).standard_normal((3, K)).astype(np.float32)
+    res = compare(m, feeds, tmp_path)
+    consts = {t.name for t in res.program.tensors.values() if t.kind == "const"}
+    assert "B" in consts and "B:words" not in consts, consts
+    assert node.name and len(res.weights) < N * K / 2 + 4 * N * (K // 32) + 1024
 
 
 def test_matmul_nbits_from_onnxruntime_quantizer(tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import webiree
 from webiree.errors import LimitsError
@@ -92,6 +92,39 @@ def test_subgroup_matmul_of_half_weights(sa, sb, tmp_path, cpu_limits, monkeypat
     res, words = run_cpu(m, tmp_path / "words", cpu_limits, feeds)
     assert "array<vec4<u32>>" not in res.module.executables[0].code.decode()
     for other in (words, spirv):
+        np.testing.assert_array_equal(got[0].view(np.uint32), other[0].view(np.uint32))
+
+
+@pytest.mark.parametrize("K,N,block,zp,a_shape", [
+    (256, 96, 32, None, (128,)),       # the MiniLM quantizer's form: symmetric, no zero points
+    (96, 40, 16, "packed", (33,)),     # blocks shorter than a step of K, a tail of K, rows past a block
+    (512, 64, 128, "float", (2, 9)),   # blocks longer than a step, batched A
+    (64, 1024, 64, "packed", (1,)),    # one row: a decode step's LM head
+])
+def test_subgroup_matmul_of_4bit_weights(K, N, block, zp, a_shape, tmp_path, cpu_limits, monkeypatch):
+    """A MatMulNBits weight laid out as words of eight 4-bit values of K (compiler/ops/contrib_quant.py
+    _nibble_words): the subgroup kernel reads four columns' words with one vec4<u32> load and a
+    block's scales with one vec4 load (matmul._nibbles). Against onnxruntime, and bit for bit
+    against the same kernel computing B through its prologue and against its SPIR-V executable;
+    weights.bin holds the words, scales and zero points in the bytes they were shipped in."""
+    from webiree.wgsl_codegen.kernels import matmul
+    from .test_contrib_quant import nbits_model
+    m, feeds = nbits_model(K, N, block, zp=zp, bias=True, a_shape=a_shape, seed=K + N)
+    res, got = run_cpu(m, tmp_path / "words", cpu_limits, feeds)
+    assert strategies(res)[0] == "subgroup-broadcast", strategies(res)
+    (mm,) = [d for d in res.module.info["dispatches"] if "matmulnbits_node" in d["nodes"]]
+    code = res.module.executables[mm["exec"]].code.decode()
+    assert "array<vec4<u32>>" in code, code[:600]
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    memory = res.module.info["memory"]
+    zp_bytes = N * (K // block) // 2 if zp == "packed" else 0      # the zero points' nibbles without padding
+    assert memory["weights_by_form"]["u4"] == inits["B"].nbytes + zp_bytes, memory
+    assert sum(memory["weights_by_form"].values()) <= sum(v.nbytes for v in inits.values()), memory
+    _, spirv = run_cpu(m, tmp_path / "spirv", cpu_limits, feeds, targets=["spirv"])
+    monkeypatch.setattr(matmul, "_nibbles", lambda *a: None)
+    res, prologue = run_cpu(m, tmp_path / "prologue", cpu_limits, feeds)
+    assert "array<vec4<u32>>" not in res.module.executables[0].code.decode()
+    for other in (prologue, spirv):
         np.testing.assert_array_equal(got[0].view(np.uint32), other[0].view(np.uint32))
 
 

@@ -81,6 +81,7 @@ class Lowering:
         # run-time tensors held as f32 but rounded to a narrow float type ('f16' / 'bf16'), by name
         self.rounded: dict[str, str] = {}
         self._producers: dict[str, Node] | None = None
+        self._consumers: dict[str, list[Node]] | None = None
         for name in graph.inputs:
             t = graph.types[name]
             dt = internal_dtype(t.elem_type)
@@ -108,6 +109,13 @@ class Lowering:
         if self._producers is None:
             self._producers = self.graph.producers()
         return self._producers.get(name)
+
+    def readers(self, name: str) -> int:
+        """How many nodes of the imported graph read `name` (a weight read by one node alone may be
+        laid out anew for it without a copy staying behind)."""
+        if self._consumers is None:
+            self._consumers = self.graph.consumers()
+        return len(self._consumers.get(name, ()))
 
     def shape(self, name: str) -> tuple:
         if name in self.consts:

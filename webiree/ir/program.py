@@ -179,6 +179,27 @@ class Anchor(Op):
         return out
 
 
+@dataclass(frozen=True)
+class Nibbles:
+    """A [K, N] weight of 4-bit blocks along K (compiler/ops/contrib_quant.py): `words` u32
+    [K/8, N], word (w, n) holding q[8w .. 8w+7, n] four bits each, the lowest first; `scales`
+    [K/block, N]; `zero_points` [K/block, N] (integers 0..15, or floats) or '' for the constant
+    `zero`. Element (k, n) is nibble_value(q[k, n], zero point, scale) of block k // block."""
+    words: str
+    scales: str
+    zero_points: str
+    zero: int
+    block: int
+
+
+def nibble_value(q: Expr, zero: Expr, scale: Expr) -> Expr:
+    """A block-quantized weight's value (MatMulNBits): (q - zero) * scale, q an i32, zero an
+    i32 (subtracted exactly in integers) or an f32 (onnxruntime's float zero points)."""
+    if zero.dtype == "f32":
+        return (kir.cast(q, "f32") - zero) * scale
+    return kir.cast(q - zero, "f32") * scale
+
+
 @dataclass
 class MatMul(Anchor):
     a: str = ""
@@ -202,6 +223,10 @@ class MatMul(Anchor):
     a_words: bool = False
     a_unsigned: bool = False
     b_zero: int = 0
+    # A 4-bit weight (MatMulNBits) whose dequantization is B's fused prologue, described for the
+    # kernels that read its words whole (kernels/matmul.py _nibbles): a Nibbles of the constants
+    # that prologue reads; the other kernels compute B through the prologue (the same values)
+    nibbles: "Nibbles | None" = None
 
     def inputs(self):
         return [self.a, self.b]

@@ -22,7 +22,7 @@ from .kernels import check
 from .kernels import attention, conv, matmul_chain
 from .kernels.common import AttentionTile, ChainTile, ConvTile, DepthwiseTile, KernelConfig, MatmulTile, RowBlockTile
 from .kernels.common import Strategy as S
-from .kernels.matmul import matmul_vec4_ok
+from .kernels.matmul import matmul_nibbles_ok, matmul_vec4_ok
 
 # Workgroups a dispatch should offer a discrete GPU before register blocks grow (about two
 # per multiprocessor on a large GPU; WebGPU does not tell the multiprocessor count).
@@ -68,7 +68,7 @@ def _subgroup_broadcast(op: P.MatMul, limits: dict):
     # one subgroup per workgroup; each invocation's vec4 of A serves 4*S values of K to all.
     # RM x RN slots of accumulators (128 floats either way) per invocation.
     S_ = limits["subgroup_size"]
-    vec = 4 if matmul_vec4_ok(op) else 1
+    vec = 4 if matmul_vec4_ok(op) or matmul_nibbles_ok(op) else 1
     slots = op.n // vec
     rn = max(1, min(2 if vec == 4 else 8, -(-slots // S_)))
     rm = max(1, min(16, op.m))

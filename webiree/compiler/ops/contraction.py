@@ -28,7 +28,8 @@ def matmul(ctx, node):
 
 def emit_matmul(ctx, node, a, b, out, trans_a=False, trans_b=False, alpha=1.0):
     """out = alpha * op(a) @ op(b) with numpy's matmul broadcasting, op transposing the last two
-    dims where asked (the stored matrix is then [.., K, M] / [.., N, K]); a 1-D operand is a vector."""
+    dims where asked (the stored matrix is then [.., K, M] / [.., N, K]); a 1-D operand is a vector.
+    Returns the MatMul anchor."""
     sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
     if ctx.dtype(a) != "f32" or ctx.dtype(b) != "f32":
         raise Unsupported(f"{node.op} on integer tensors")
@@ -57,6 +58,7 @@ def emit_matmul(ctx, node, a, b, out, trans_a=False, trans_b=False, alpha=1.0):
         op.m, op.batch, op.a_batch = numel(a_batch) * m, (), ()
     ctx.anchor(op, [numel(batch) * m, n] if not op.batch else out_shape)
     ctx.view(out, op.out, final)
+    return op
 
 
 @register("Gemm")

@@ -10,8 +10,12 @@ MatMulNBits lowers onto a Generic that dequantizes B into the [N, K] float matri
 the block's zero point, times the block's scale) and a MatMul anchor reading it transposed
 (trans_b: B is stored [N, K]); the optional bias is a Generic add. Fusion then computes the
 dequantization inside the matmul's own loads of B (passes.py rule 3, prologues) and the bias in
-its epilogue (rule 2): one dispatch, reading the packed bytes. GatherBlockQuantized is one
-Generic that gathers and dequantizes.
+its epilogue (rule 2): one dispatch, reading the packed bytes. A 4-bit B with N % 4 == 0 and no
+padded block is laid out anew instead, the same bytes as u32 words along K ([K/8, N]) and its
+scales and zero points as [K/block, N]: the product reads B untransposed, and the kernels that
+can (the subgroup-broadcast product of CPU adapters) load four columns' eight values of K with
+one vec4<u32> load (ir/program.py Nibbles). GatherBlockQuantized is one Generic that gathers and
+dequantizes.
 
 Semantics follow onnxruntime's CPU kernels (contrib_ops/cpu/quantization/matmul_nbits.cc,
 gather_block_quantized.cc) and the contrib-op documentation of onnxruntime 1.31: elements are
@@ -27,7 +31,8 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import select
-from ...ir.program import flat_of, numel
+from ...ir.program import Nibbles, flat_of, nibble_value, numel
+from .. import symbolic
 from .common import norm_axis, onnx_type, require_float
 from .contraction import emit_matmul
 from .registry import Unsupported, register
@@ -91,6 +96,14 @@ def _default_g_idx(ctx, node, g_idx: str, K: int, bs: int, k_blocks: int) -> Non
         raise Unsupported(f"g_idx {g_idx!r} that reorders the rows of B (act-order); only g_idx = k // block_size")
 
 
+def _zero_point_values(ctx, zp: str, N: int, k_blocks: int, bits: int) -> np.ndarray:
+    """The constant packed zero points as their elements, uint8 [N, k_blocks]."""
+    per = 8 // bits
+    rows = np.asarray(ctx.const(zp), np.uint8).reshape(N, -1)
+    shifts = (np.arange(rows.shape[1] * per) % per * bits).astype(np.uint8)
+    return ((np.repeat(rows, per, axis=1) >> shifts) & ((1 << bits) - 1))[:, :k_blocks]
+
+
 def _dense_zero_points(ctx, zp: str, N: int, k_blocks: int, bits: int) -> str:
     """Packed zero points whose rows end in a padded byte, repacked without the padding (the same
     elements, as many bits each): element (n, block) is then element n * k_blocks + block, the
@@ -98,10 +111,7 @@ def _dense_zero_points(ctx, zp: str, N: int, k_blocks: int, bits: int) -> str:
     dense = f"{zp}:dense"
     if ctx.const(dense) is None:
         per = 8 // bits
-        rows = np.asarray(ctx.const(zp), np.uint8).reshape(N, -1)
-        shifts = (np.arange(rows.shape[1] * per) % per * bits).astype(np.uint8)
-        values = (np.repeat(rows, per, axis=1) >> shifts) & ((1 << bits) - 1)
-        flat = values[:, :k_blocks].reshape(-1)
+        flat = _zero_point_values(ctx, zp, N, k_blocks, bits).reshape(-1)
         flat = np.concatenate([flat, np.zeros(-len(flat) % per, np.uint8)]).reshape(-1, per)
         ctx.set_const(dense, np.bitwise_or.reduce(flat << (np.arange(per) * bits).astype(np.uint8), axis=1)
                       .astype(np.uint8))
@@ -153,6 +163,15 @@ def matmul_nbits(ctx, node):
         require_float(ctx, node, bias)
         _shape_is(ctx, bias, "bias", (N,))
 
+    nib = _nibble_words(ctx, node, b, scales, zp, zp_packed, K, N, bits, bs)
+    if nib is not None:
+        w, nibbles = nib
+        out = node.outputs[0] if not bias else ctx.temp("matmul")
+        emit_matmul(ctx, node, a, w, out).nibbles = nibbles
+        if bias:
+            ctx.generic(node.outputs[0], ctx.shape(out), "f32", lambda cs: ctx.read(out, cs) + ctx.read(bias, [cs[-1]]))
+        return
+
     zp_rows = zb * per            # elements a row of packed zero points holds (its last byte padded)
     if zp_packed and zp_rows != k_blocks and ctx.const(zp) is not None:
         zp, zp_rows = _dense_zero_points(ctx, zp, N, k_blocks, bits), k_blocks
@@ -168,10 +187,10 @@ def matmul_nbits(ctx, node):
         if zp_packed:
             z = _packed(ctx, zp, n * zp_rows + blk, bits)     # (the scale's index when rows are not padded)
         elif zp:
-            return (kir.cast(q, "f32") - ctx.read_flat(zp, s)) * scale
+            return nibble_value(q, ctx.read_flat(zp, s), scale)
         else:
             z = kir.i32(1 << (bits - 1))
-        return kir.cast(q - z, "f32") * scale
+        return nibble_value(q, z, scale)
     w = ctx.temp("dequantized_b")
     ctx.generic(w, [N, K], "f32", dequantize)
     out = node.outputs[0]
@@ -182,6 +201,44 @@ def matmul_nbits(ctx, node):
     emit_matmul(ctx, node, a, w, mm, trans_b=True)
     shape = ctx.shape(mm)
     ctx.generic(out, shape, "f32", lambda cs: ctx.read(mm, cs) + ctx.read(bias, [cs[-1]]))
+
+
+def _nibble_words(ctx, node, b, scales, zp, zp_packed, K, N, bits, bs):
+    """A 4-bit B laid out for products that read it as words (ir/program.py Nibbles): B's bytes
+    as u32 words [K/8, N] (four bytes of a row of B along K are one word of eight values: the
+    same bytes, in another order), the scales and zero points [K/block, N], and the Generic that
+    dequantizes element (k, n) of the [K, N] matrix from them, which fusion makes the product's
+    prologue. Returns (that Generic's tensor, the Nibbles), or None where B keeps its own layout
+    (the path below): not 4 bits, a padded last block, N % 4 != 0, or a B, scales or zero points
+    computed at run time or read by another node as well (a tied weight is not copied)."""
+    params = [t for t in (b, scales, zp) if t]
+    if bits != 4 or K % bs or N % 4 or any(ctx.const(t) is None or symbolic.is_symbolic(ctx.const(t)) or
+                                          ctx.readers(t) != 1 for t in params):
+        return None
+    k_blocks = K // bs
+    words, scales_t = f"{b}:words", f"{scales}:blocks"
+    ctx.set_const(words, np.ascontiguousarray(
+        np.asarray(ctx.const(b), np.uint8).reshape(N, K // 8, 4).view("<u4").reshape(N, K // 8).T).astype(np.uint32))
+    ctx.set_const(scales_t, np.ascontiguousarray(np.asarray(ctx.const(scales)).reshape(N, k_blocks).T))
+    zp_t = ""
+    if zp:
+        zp_t = f"{zp}:blocks"
+        v = _zero_point_values(ctx, zp, N, k_blocks, bits) if zp_packed else np.asarray(ctx.const(zp)).reshape(N, k_blocks)
+        ctx.set_const(zp_t, np.ascontiguousarray(v.T))
+    ctx.tensors[ctx.buffer(words)].form = "u4"      # (as inspect reports the weights)
+    zero = 1 << (bits - 1)
+
+    def dequantize(cs):
+        k, n = cs
+        word = ctx.read_flat(words, kir.binary("shr", k, kir.i32(3)) * N + n)
+        shift = kir.cast(kir.binary("shl", kir.binary("band", k, kir.i32(7)), kir.i32(2)), "u32")
+        q = kir.cast(kir.binary("band", kir.binary("shr", word, shift), kir.const(15, "u32")), "i32")
+        s = kir.binary("shr", k, kir.i32(_log2(bs))) * N + n
+        z = ctx.read_flat(zp_t, s) if zp else kir.i32(zero)
+        return nibble_value(q, z, ctx.read_flat(scales_t, s))
+    w = ctx.temp("dequantized_b")
+    ctx.generic(w, [K, N], "f32", dequantize)
+    return w, Nibbles(ctx.buffer(words), ctx.buffer(scales_t), ctx.buffer(zp_t) if zp else "", zero, bs)
 
 
 # --- GatherBlockQuantized -----------------------------------------------------------

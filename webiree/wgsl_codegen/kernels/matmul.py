@@ -188,6 +188,11 @@ def matmul_vec4_ok(op: P.MatMul) -> bool:
     return op.n % 4 == 0 and "n" not in getattr(op, "unaligned", ()) and not op.trans_b and op.b not in op.prologues
 
 
+def matmul_nibbles_ok(op: P.MatMul) -> bool:
+    """B is a 4-bit weight whose words the subgroup kernel reads in vec4 slots (`_nibbles`)."""
+    return op.nibbles is not None and op.n % 4 == 0 and "n" not in getattr(op, "unaligned", ()) and not op.trans_b
+
+
 def matmul_subgroup_ok(op: P.MatMul) -> bool:
     """A can be read as vec4 along K (row-major, K a multiple of 4; four computed values where
     a prologue produces A); B is read row by row."""
@@ -211,6 +216,7 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
     bz, a_off, b_off = _batch_offsets(op)
     ab = _batch_indices(op)[0]
     paired = _half_pairs(op, prog, b, vec, rn, slots)
+    nib = _nibbles(op, prog, b, vec)
     width = S * rn // 2 if paired else S * rn      # n0 counts pairs of slots where paired
     body = [Let("a_off4", a_off // 4), Let("b_offv", b_off // (8 if paired else vec)),
             Let("n0", kir.cast(kir.WID[0], "i32") * width + lid()),
@@ -248,6 +254,8 @@ def _matmul_subgroup(op: P.MatMul, prog, cfg, limits, b: Binder):
                         halves = [kir.unpack_f16(x if q2 % 2 == 0 else kir.binary("shr", x, kir.const(16, "u32")))
                                   for q2, x in enumerate(lanes)]
                         stmts.append(Let(f"b{kk}_{p + h * half}", kir.vec4(*halves)))
+            elif nib:
+                stmts += _nibble_values(nib, b, k0, kk, kb, slots, nc)
             else:
                 stmts += [Let(f"b{kk}_{j}", load_b(op.b, b_offv + (k0 + kk) * slots + nc[j])) for j in range(rn)]
             for i in range(rm):
@@ -280,6 +288,53 @@ def _half_pairs(op: P.MatMul, prog, b: Binder, vec: int, rn: int, slots) -> bool
     t = prog.tensors[prog.root(op.b)]
     return vec == 4 and rn % 2 == 0 and isinstance(slots, int) and slots % 2 == 0 and t.pack == "f16" \
         and t.table_word is None and op.b not in b.prologues and not op.trans_b
+
+
+def _nibbles(op: P.MatMul, prog, b: Binder, vec: int) -> P.Nibbles | None:
+    """The 4-bit weight (P.Nibbles) the subgroup kernel reads as words, eight values of K for
+    four columns a vec4<u32> load, where B is its fused dequantization, read in vec4 slots, and
+    the words are stored as they were laid out (None: B through its prologue, the same values)."""
+    nib = op.nibbles
+    if nib is None or vec != 4 or op.b not in b.prologues or op.trans_b or op.b_batch:
+        return None
+    t = prog.tensors[prog.root(nib.words)]
+    if t.dtype != "u32" or t.pack is not None or t.table_word is not None:
+        return None
+    reads = {ld.attr for ld in kir.loads_of(b.prologues[op.b])}
+    return nib if {nib.words, nib.scales, nib.zero_points} - {""} <= reads else None
+
+
+def _nibble_values(nib: P.Nibbles, b: Binder, k0, kk: int, kb: int, slots: int, nc) -> list:
+    """The subgroup kernel's B values b{kk}_{j} (vec4f) at row k0 + kk of a 4-bit weight: a word
+    of eight rows and four columns loaded every eighth row, a block's scales and zero points
+    every `block` rows (k0 is a multiple of kb, and kb and block are powers of 2), each value
+    dequantized as B's prologue dequantizes it (P.nibble_value)."""
+    stmts = []
+    row, span = k0 + kk, min(nib.block, kb)
+    g, floats = kk // span, nib.zero_points and b.dtype(nib.zero_points) == "f32"
+    for j, n in enumerate(nc):
+        if kk % 8 == 0:
+            stmts.append(Let(f"bw{kk // 8}_{j}", b.load4u(nib.words, kir.binary("shr", row, i32(3)) * slots + n)))
+        if kk % span == 0:
+            blk = kir.binary("shr", row, i32(nib.block.bit_length() - 1))
+            stmts.append(Let(f"bs{g}_{j}", b.load4(nib.scales, blk * slots + n)))
+            if floats:
+                stmts.append(Let(f"bz{g}_{j}", b.load4(nib.zero_points, blk * slots + n)))
+            elif nib.zero_points:
+                stmts += [Let(f"bz{g}_{j}_{q}", b.load(nib.zero_points, (blk * slots + n) * 4 + q)) for q in range(4)]
+        lanes = []
+        for q in range(4):
+            word = kir.lane(lvar(f"bw{kk // 8}_{j}", "vec4u"), q)
+            v = kir.binary("band", kir.binary("shr", word, kir.const(4 * (kk % 8), "u32")), kir.const(15, "u32"))
+            if not nib.zero_points:
+                zero = i32(nib.zero)
+            elif floats:
+                zero = kir.lane(lvar(f"bz{g}_{j}", "vec4f"), q)
+            else:
+                zero = lvar(f"bz{g}_{j}_{q}", "i32")
+            lanes.append(P.nibble_value(kir.cast(v, "i32"), zero, kir.lane(lvar(f"bs{g}_{j}", "vec4f"), q)))
+        stmts.append(Let(f"b{kk}_{j}", kir.vec4(*lanes)))
+    return stmts
 
 
 def _matmul_shared_vec4(op: P.MatMul, prog, cfg, limits, b: Binder):
