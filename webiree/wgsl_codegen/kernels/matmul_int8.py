@@ -405,8 +405,9 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
     lo, nh = lvar("lo0", "f32"), lvar("nh0", "f32")
     for u in range(1, RANGE_UNROLL):
         lo, nh = min_nan(lo, lvar(f"lo{u}", "f32")), min_nan(nh, lvar(f"nh{u}", "f32"))
-    body += tree("red", wg, min_nan, lo, "f32") + [Let("x_min", kir.minimum(kir.sload("red", i32(0), "f32"), kir.f32(0.0)))]
-    body += tree("red1", wg, min_nan, nh, "f32") + [Let("neg_max", kir.minimum(kir.sload("red1", i32(0), "f32"), kir.f32(0.0)))]
+    body += tree("red", wg, min_nan, lo, "f32", twin=("red1", nh))      # both minima in one tree's steps
+    body += [Let("x_min", kir.minimum(kir.sload("red", i32(0), "f32"), kir.f32(0.0))),
+             Let("neg_max", kir.minimum(kir.sload("red1", i32(0), "f32"), kir.f32(0.0)))]
     x_min = lvar("x_min", "f32")
     body += [Let("scale", P.dynamic_quant_scale(x_min, lvar("neg_max", "f32")))]
     scale = lvar("scale", "f32")

@@ -65,13 +65,16 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
 # --- workgroup-tree reductions -------------------------------------------------
 
 
-def tree(shared: str, wg: int, combine, value: kir.Expr, dtype: str, extra=None):
+def tree(shared: str, wg: int, combine, value: kir.Expr, dtype: str, extra=None, twin=None):
     """Reduce one value per invocation across the workgroup; the result ends in shared[0].
-    `extra` = (shared2, value2) carries a second lane (argmax's index)."""
+    `extra` = (shared2, value2) carries a second lane (argmax's index); `twin` = (shared2,
+    value2) is a second value reduced alike, in the same steps (one barrier a step for both)."""
     li = lid()
     stmts = [SStore(shared, li, value)]
     if extra:
         stmts.append(SStore(extra[0], li, extra[1]))
+    if twin:
+        stmts.append(SStore(twin[0], li, twin[1]))
     stmts.append(Barrier())
     stride = wg // 2
     while stride >= 1:
@@ -82,6 +85,8 @@ def tree(shared: str, wg: int, combine, value: kir.Expr, dtype: str, extra=None)
             upd = [If(take, [SStore(shared, li, c), SStore(extra[0], li, ic)])]
         else:
             upd = [SStore(shared, li, combine(a, c))]
+        if twin:
+            upd.append(SStore(twin[0], li, combine(kir.sload(twin[0], li, dtype), kir.sload(twin[0], li + stride, dtype))))
         stmts.append(If(li < stride, upd))
         stmts.append(Barrier())
         stride //= 2
