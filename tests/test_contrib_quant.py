@@ -263,6 +263,52 @@ def test_matmul_nbits_tied_weight_keeps_its_layout(tmp_path):
     assert node.name and len(res.weights) < N * K / 2 + 4 * N * (K // 32) + 1024
 
 
+def parallel_nbits(widths, blocks, zp=None, K=128, rows=10, seed=11):
+    """MatMulNBits nodes of one A (a BERT's Q, K and V projections), node i of N = widths[i] and
+    block blocks[i], each with a bias; y [rows, len(widths)] holds each output's sums over its
+    row after a ReLU (a reduction, as attention reads its projections, not elementwise ops
+    alone to the graph output, where a product keeps its own dispatch)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, outs = [], {}, []
+    for i, (N, block) in enumerate(zip(widths, blocks)):
+        kb = K // block
+        inits[f"B{i}"] = pack(rng.integers(0, 16, (N, K)), 4).reshape(N, kb, block // 2)
+        inits[f"s{i}"] = (rng.random((N, kb)) * 0.2 + 0.01).astype(np.float32)
+        inits[f"bias{i}"] = rng.standard_normal(N).astype(np.float32)
+        names = ["a", f"B{i}", f"s{i}"]
+        if zp:
+            inits[f"z{i}"] = pack(rng.integers(0, 16, (N, kb)), 4)
+            names.append(f"z{i}")
+        names += [""] * (5 - len(names)) + [f"bias{i}"]
+        nodes.append(helper.make_node("MatMulNBits", names, [f"p{i}"], name=f"proj{i}", domain=MS, K=K, N=N, bits=4,
+                                      block_size=block))
+        nodes.append(helper.make_node("Relu", [f"p{i}"], [f"r{i}"]))
+        nodes.append(helper.make_node("ReduceSum", [f"r{i}", "axis"], [f"c{i}"], keepdims=1))
+        outs.append(f"c{i}")
+    inits["axis"] = np.array([1], np.int64)
+    nodes.append(helper.make_node("Concat", outs, ["y"], axis=1))
+    m = model(nodes, [("a", [rows, K])], [("y", [rows, len(widths)])], inits)
+    return m, {"a": rng.standard_normal((rows, K)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("zp", [None, "packed"])
+def test_matmul_nbits_parallel_products_combined(tmp_path, zp):
+    """4-bit products of one A with weights of one form are one product (passes.py
+    combine_parallel_matmuls): their words, scales and zero points side by side, one
+    dequantization; weights.bin keeps their bytes. A product of another block size keeps its own."""
+    m, feeds = parallel_nbits([96, 32, 64], [32, 32, 32], zp=zp)
+    res = compare(m, feeds, tmp_path / "same")
+    mms = [op for op in res.program.ops if type(op).__name__ == "MatMul"]
+    assert [(op.n, op.nibbles.words) for op in mms] == [(192, "B0:words:combined")], res.program.summary()
+    consts = {t.name: t for t in res.program.tensors.values() if t.kind == "const"}
+    assert consts["B0:words:combined"].shape == (128 // 8, 192) and consts["s0:blocks:combined"].shape == (4, 192)
+    assert not any(n.startswith(("B1", "B2")) for n in consts)
+    m, feeds = parallel_nbits([96, 32, 64], [32, 64, 32], zp=zp)
+    res = compare(m, feeds, tmp_path / "blocks")
+    mms = [op for op in res.program.ops if type(op).__name__ == "MatMul"]
+    assert sorted(op.n for op in mms) == [32, 160], res.program.summary()
+
+
 def test_matmul_nbits_from_onnxruntime_quantizer(tmp_path):
     """A float MatMul model quantized by onnxruntime's own MatMulNBitsQuantizer (4 bits, block 32,
     asymmetric: packed zero points) builds and matches onnxruntime."""

@@ -57,7 +57,8 @@ from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
 from ..ir.sym import upper
-from ..ir.program import O, Anchor, Attention, Conv, Generic, MatMul, MatMulChain, Program, Softmax, Tensor, acc_var
+from ..ir.program import O, Anchor, Attention, Conv, Generic, MatMul, MatMulChain, Program, Softmax, Tensor, acc_var, \
+    nibble_dequant
 from .memory import in_constant_table
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
@@ -623,13 +624,21 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
     their i32 sums have no epilogue (each output's zero-point term, scales and bias are computed
     by its readers). A product whose result reaches a graph output through elementwise ops alone
     keeps its own dispatch: there its epilogue computes that output, where combined its columns
-    would take a pass of their own. Returns `prog`."""
+    would take a pass of their own. Products of 4-bit weights (MatMul.nibbles: MatMulNBits) combine
+    where their weights' words, scales and zero points do, side by side along N, with one
+    dequantization of the combined weight (`_nibble_key`). Returns `prog`."""
     outputs = {prog.root(o) for o in prog.outputs}
     readers = _readers(prog)
+    producer = {op.out: op for op in prog.ops}
     acc = acc_var("f32")
     roundings = {None: None, kir.unary("round_f16", acc): "f16", kir.unary("round_bf16", acc): "bf16"}
     groups: dict[tuple, list[MatMul]] = {}
     for op in prog.ops:
+        if isinstance(op, MatMul) and op.nibbles is not None:
+            key = _nibble_key(prog, readers, outputs, producer, op)
+            if key is not None:
+                groups.setdefault(key, []).append(op)
+            continue
         if not isinstance(op, MatMul) or op.batch or op.b_batch or op.a_batch \
                 or op.prologues or op.epilogue not in roundings or op.out in outputs \
                 or prog.tensors[op.out].rounded != roundings[op.epilogue] or op.int8 and op.epilogue is not None \
@@ -648,13 +657,64 @@ def combine_parallel_matmuls(prog: Program, max_binding: int) -> Program:
     for key, group in groups.items():
         members, size = [], 0
         for op in group:    # the leading ones that fit one binding together
-            size += packing.stored_bytes(prog.tensors[op.b].data, key[-1])
+            b = prog.tensors[op.nibbles.words] if op.nibbles else prog.tensors[op.b]
+            size += packing.stored_bytes(b.data, None if op.nibbles else key[-1])
             if size > max_binding:
                 break
             members.append(op)
         if len(members) >= 2:
-            _combine(prog, members)
+            (_combine_nibbles if members[0].nibbles else _combine)(prog, members)
     return prog
+
+
+def _nibble_key(prog: Program, readers: dict, outputs: set, producer: dict, op: MatMul) -> tuple | None:
+    """The group of a product of a 4-bit weight (MatMul.nibbles) that may combine with others:
+    a plain 2-D product, not yet fused, whose B is the dequantization of its weight alone and
+    whose weight's tensors nothing else reads; None where it cannot combine."""
+    nib, deq = op.nibbles, producer.get(op.b)
+    if op.batch or op.b_batch or op.a_batch or op.prologues or op.epilogue is not None or op.out in outputs \
+            or _elementwise_to_output(prog, readers, outputs, op.out) or not isinstance(op.n, int) \
+            or not isinstance(deq, Generic) or [id(r) for r in readers.get(op.b, [])] != [id(op)]:
+        return None
+    parts = [t for t in (nib.words, nib.scales, nib.zero_points) if t]
+    if any(prog.tensors[t].kind != "const" or prog.tensors[t].data is None or prog.tensors[t].alias_of is not None
+           or [id(r) for r in readers.get(t, [])] != [id(deq)] for t in parts):
+        return None
+    zero_dtype = prog.tensors[nib.zero_points].dtype if nib.zero_points else ""
+    return ("nibbles", prog.root(op.a), op.m, op.k, op.trans_a, op.alpha, nib.block, nib.zero, zero_dtype,
+            prog.tensors[nib.scales].dtype)
+
+
+def _combine_nibbles(prog: Program, members: list) -> None:
+    """`_combine` for products of 4-bit weights: their words, scales and zero points side by side
+    ([K/8, N] and [K/block, N] each), dequantized by one Generic over the combined [K, N]."""
+    first, n_total = members[0], sum(op.n for op in members)
+    producer = {op.out: op for op in prog.ops}
+    names = {}
+    for field in ("words", "scales", "zero_points"):
+        parts = [getattr(op.nibbles, field) for op in members]
+        if not parts[0]:
+            names[field] = ""
+            continue
+        t0 = prog.tensors[parts[0]]
+        data = np.concatenate([np.asarray(prog.tensors[t].data) for t in parts], axis=1)
+        names[field] = f"{parts[0]}:combined"
+        prog.tensors[names[field]] = Tensor(names[field], data.shape, t0.dtype, kind="const", data=data)
+        prog.tensors[names[field]].form = t0.form
+        for t in parts:
+            release(prog.tensors[t].data)
+            del prog.tensors[t]
+    nib = dataclasses.replace(first.nibbles, **names)
+    deqs = [producer[op.b] for op in members]
+    w = f"{first.b}:combined"
+    prog.tensors[w] = Tensor(w, (first.k, n_total), "f32")
+    zero_dtype = prog.tensors[nib.zero_points].dtype if nib.zero_points else "i32"
+    deq = Generic(name=f"{deqs[0].name}:combined", out=w, nodes=[n for d in deqs for n in d.nodes],
+                  expr=nibble_dequant(nib, n_total, O // n_total, O % n_total, zero_dtype))
+    prog.ops = [op for op in prog.ops if not any(op is d for d in deqs)]
+    for d in deqs:
+        del prog.tensors[d.out]
+    _replace_by_combined(prog, members, dataclasses.replace(first, b=w, nibbles=nib), [deq])
 
 
 def _elementwise_to_output(prog: Program, readers: dict, outputs: set, t: str) -> bool:
@@ -679,24 +739,33 @@ def _combine(prog: Program, members: list) -> None:
     parts = [np.ascontiguousarray(prog.tensors[op.b].data).reshape((op.n, rows) if op.trans_b else (rows, op.n))
              for op in members]
     data = np.concatenate(parts, axis=0 if first.trans_b else 1)
-    bname, oname = f"{first.b}:combined", f"{first.out}:combined"
-    b_dtype, out_dtype = prog.tensors[first.b].dtype, prog.tensors[first.out].dtype
-    prog.tensors[bname] = Tensor(bname, data.shape, b_dtype, kind="const", data=data)
+    bname = f"{first.b}:combined"
+    prog.tensors[bname] = Tensor(bname, data.shape, prog.tensors[first.b].dtype, kind="const", data=data)
     prog.tensors[bname].form = prog.tensors[first.b].form    # (an integer product's words: i8 or u8)
+    for op in members:
+        release(prog.tensors[op.b].data)
+        del prog.tensors[op.b]
+    _replace_by_combined(prog, members, dataclasses.replace(first, b=bname), [])
+
+
+def _replace_by_combined(prog: Program, members: list, combined: MatMul, before: list) -> None:
+    """Put `combined` (the first member with the combined B, not yet renamed or widened), after
+    the ops `before`, at the first member's place, and a Generic op per member reading its
+    columns of the combined output in place of the members."""
+    first, n_total = members[0], sum(op.n for op in members)
+    oname, out_dtype = f"{first.out}:combined", prog.tensors[first.out].dtype
     prog.tensors[oname] = Tensor(oname, (first.m, n_total), out_dtype)
     prog.tensors[oname].rounded = prog.tensors[first.out].rounded   # the shared epilogue rounds it alike
-    combined = dataclasses.replace(first, name=f"{first.name}:combined", out=oname, b=bname, n=n_total,
+    combined = dataclasses.replace(combined, name=f"{first.name}:combined", out=oname, n=n_total,
                                    nodes=[n for op in members for n in op.nodes])
     columns, at = [], 0
     for op in members:
         expr = kir.load(oname, (O // op.n) * n_total + (O % op.n) + at, out_dtype)
         columns.append(Generic(name=f"{op.name}:columns", out=op.out, nodes=[], expr=expr))
         at += op.n
-        release(prog.tensors[op.b].data)
-        del prog.tensors[op.b]
     here = next(i for i, op in enumerate(prog.ops) if op is first)   # A exists here; the readers come later
     prog.ops = [op for op in prog.ops if not any(op is m for m in members)]
-    prog.ops[here:here] = [combined] + columns
+    prog.ops[here:here] = before + [combined] + columns
 
 
 def _can_read_parts(op, name: str, size: int) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir import kir
 from ...ir.kir import select
-from ...ir.program import Nibbles, flat_of, nibble_value, numel
+from ...ir.program import Nibbles, flat_of, nibble_dequant, nibble_value, numel
 from .. import symbolic
 from .common import norm_axis, onnx_type, require_float
 from .contraction import emit_matmul
@@ -226,19 +226,10 @@ def _nibble_words(ctx, node, b, scales, zp, zp_packed, K, N, bits, bs):
         v = _zero_point_values(ctx, zp, N, k_blocks, bits) if zp_packed else np.asarray(ctx.const(zp)).reshape(N, k_blocks)
         ctx.set_const(zp_t, np.ascontiguousarray(v.T))
     ctx.tensors[ctx.buffer(words)].form = "u4"      # (as inspect reports the weights)
-    zero = 1 << (bits - 1)
-
-    def dequantize(cs):
-        k, n = cs
-        word = ctx.read_flat(words, kir.binary("shr", k, kir.i32(3)) * N + n)
-        shift = kir.cast(kir.binary("shl", kir.binary("band", k, kir.i32(7)), kir.i32(2)), "u32")
-        q = kir.cast(kir.binary("band", kir.binary("shr", word, shift), kir.const(15, "u32")), "i32")
-        s = kir.binary("shr", k, kir.i32(_log2(bs))) * N + n
-        z = ctx.read_flat(zp_t, s) if zp else kir.i32(zero)
-        return nibble_value(q, z, ctx.read_flat(scales_t, s))
+    nib = Nibbles(ctx.buffer(words), ctx.buffer(scales_t), ctx.buffer(zp_t) if zp else "", 1 << (bits - 1), bs)
     w = ctx.temp("dequantized_b")
-    ctx.generic(w, [K, N], "f32", dequantize)
-    return w, Nibbles(ctx.buffer(words), ctx.buffer(scales_t), ctx.buffer(zp_t) if zp else "", zero, bs)
+    ctx.generic(w, [K, N], "f32", lambda cs: nibble_dequant(nib, N, *cs, ctx.dtype(zp_t) if zp else "i32"))
+    return w, nib
 
 
 # --- GatherBlockQuantized -----------------------------------------------------------
