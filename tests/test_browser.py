@@ -283,6 +283,13 @@ def test_integer_products_in_every_variant(page, server, sites):
                                    ref=ref)
 
 
+def _assert_words_in_cpu_sg4(res):
+    """The one dispatch of the build's 'cpu-sg4' variant reads B as vec4<u32> words."""
+    (sg4,) = [v for v in res.module.variants if v.name == "cpu-sg4"]
+    (d,) = sg4.info["dispatches"]
+    assert "array<vec4<u32>>" in res.module.executables[d["exec"]].code.decode(), d
+
+
 def test_half_weights_read_in_pairs_in_every_variant(page, server, sites):
     """A product of a constant whose values are halves (stored as f16 pairs) on SwiftShader in
     each kernel variant against onnxruntime; in 'cpu-sg4' the subgroup kernel reads B as
@@ -291,12 +298,9 @@ def test_half_weights_read_in_pairs_in_every_variant(page, server, sites):
     model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
                        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [33, 72])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [33, 48])], {"w": w})
-    res = _one_dispatch_in_every_variant(page, server, sites, "half_pairs", model, sample_inputs(model),
+    _assert_words_in_cpu_sg4(_one_dispatch_in_every_variant(page, server, sites, "half_pairs", model, sample_inputs(model),
                                          {"cpu-sg4": "subgroup-broadcast", "gpu": "tiled-shared",
-                                          "cpu": "register-blocked"})
-    (sg4,) = [v for v in res.module.variants if v.name == "cpu-sg4"]
-    (d,) = sg4.info["dispatches"]
-    assert "array<vec4<u32>>" in res.module.executables[d["exec"]].code.decode(), d
+                                          "cpu": "register-blocked"}))
 
 
 def test_4bit_weights_read_as_words_in_every_variant(page, server, sites):
@@ -306,12 +310,9 @@ def test_4bit_weights_read_as_words_in_every_variant(page, server, sites):
     (matmul._nibbles), the others dequantize B in their loads through its prologue."""
     from .test_contrib_quant import nbits_model
     model, feeds = nbits_model(96, 40, 16, zp="packed", bias=True, a_shape=(33,), seed=3)
-    res = _one_dispatch_in_every_variant(page, server, sites, "nibbles", model, feeds,
+    _assert_words_in_cpu_sg4(_one_dispatch_in_every_variant(page, server, sites, "nibbles", model, feeds,
                                          {"cpu-sg4": "subgroup-broadcast", "gpu": "tiled-shared",
-                                          "cpu": "register-blocked"})
-    (sg4,) = [v for v in res.module.variants if v.name == "cpu-sg4"]
-    (d,) = sg4.info["dispatches"]
-    assert "array<vec4<u32>>" in res.module.executables[d["exec"]].code.decode(), d
+                                          "cpu": "register-blocked"}))
 
 
 def test_chained_products_in_every_variant(page, server, sites):

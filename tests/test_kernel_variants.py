@@ -65,6 +65,19 @@ def test_subgroup_matmul(sa, sb, tmp_path, cpu_limits):
     assert res.module.limits["subgroup_size"] == cpu_limits["subgroup_size"]
 
 
+def _same_bits_without_words(m, feeds, got, tmp_path, cpu_limits, monkeypatch, chooser, off):
+    """`got` (the build whose subgroup kernel reads B as vec4<u32> words) equals, bit for bit, its
+    SPIR-V executable's result and the build with matmul.`chooser` answering `off` (B read
+    without words)."""
+    from webiree.wgsl_codegen.kernels import matmul
+    _, spirv = run_cpu(m, tmp_path / "spirv", cpu_limits, feeds, targets=["spirv"])
+    monkeypatch.setattr(matmul, chooser, lambda *a: off)
+    res, plain = run_cpu(m, tmp_path / "plain", cpu_limits, feeds)
+    assert "array<vec4<u32>>" not in res.module.executables[0].code.decode()
+    for other in (plain, spirv):
+        np.testing.assert_array_equal(got[0].view(np.uint32), other[0].view(np.uint32))
+
+
 @pytest.mark.parametrize("sa,sb", [
     ([128, 384], [384, 96]),       # slot pairs, no tail of K
     ([33, 72], [72, 48]),          # rows past a block, a tail of K
@@ -76,7 +89,6 @@ def test_subgroup_matmul_of_half_weights(sa, sb, tmp_path, cpu_limits, monkeypat
     8 == 0 the subgroup kernel reads 8 of them, two slots, with one vec4<u32> load
     (matmul._half_pairs) instead of two u32 loads a slot. Against onnxruntime, and bit for bit
     against the same model read two words a slot and against its SPIR-V executable."""
-    from webiree.wgsl_codegen.kernels import matmul
     rng = np.random.default_rng(12)
     w = rng.standard_normal(sb).astype(np.float16).astype(np.float32)
     out = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
@@ -87,12 +99,7 @@ def test_subgroup_matmul_of_half_weights(sa, sb, tmp_path, cpu_limits, monkeypat
     assert res.module.info["memory"]["weights_by_form"] == {"f16": w.size * 2}
     code = res.module.executables[0].code.decode()
     assert ("array<vec4<u32>>" in code) == (sb[-1] % 8 == 0), code[:300]
-    _, spirv = run_cpu(m, tmp_path / "spirv", cpu_limits, feeds, targets=["spirv"])
-    monkeypatch.setattr(matmul, "_half_pairs", lambda *a: False)
-    res, words = run_cpu(m, tmp_path / "words", cpu_limits, feeds)
-    assert "array<vec4<u32>>" not in res.module.executables[0].code.decode()
-    for other in (words, spirv):
-        np.testing.assert_array_equal(got[0].view(np.uint32), other[0].view(np.uint32))
+    _same_bits_without_words(m, feeds, got, tmp_path, cpu_limits, monkeypatch, "_half_pairs", False)
 
 
 @pytest.mark.parametrize("K,N,block,zp,a_shape", [
@@ -107,7 +114,6 @@ def test_subgroup_matmul_of_4bit_weights(K, N, block, zp, a_shape, tmp_path, cpu
     block's scales with one vec4 load (matmul._nibbles). Against onnxruntime, and bit for bit
     against the same kernel computing B through its prologue and against its SPIR-V executable;
     weights.bin holds the words, scales and zero points in the bytes they were shipped in."""
-    from webiree.wgsl_codegen.kernels import matmul
     from .test_contrib_quant import nbits_model
     m, feeds = nbits_model(K, N, block, zp=zp, bias=True, a_shape=a_shape, seed=K + N)
     res, got = run_cpu(m, tmp_path / "words", cpu_limits, feeds)
@@ -120,12 +126,7 @@ def test_subgroup_matmul_of_4bit_weights(K, N, block, zp, a_shape, tmp_path, cpu
     zp_bytes = N * (K // block) // 2 if zp == "packed" else 0      # the zero points' nibbles without padding
     assert memory["weights_by_form"]["u4"] == inits["B"].nbytes + zp_bytes, memory
     assert sum(memory["weights_by_form"].values()) <= sum(v.nbytes for v in inits.values()), memory
-    _, spirv = run_cpu(m, tmp_path / "spirv", cpu_limits, feeds, targets=["spirv"])
-    monkeypatch.setattr(matmul, "_nibbles", lambda *a: None)
-    res, prologue = run_cpu(m, tmp_path / "prologue", cpu_limits, feeds)
-    assert "array<vec4<u32>>" not in res.module.executables[0].code.decode()
-    for other in (prologue, spirv):
-        np.testing.assert_array_equal(got[0].view(np.uint32), other[0].view(np.uint32))
+    _same_bits_without_words(m, feeds, got, tmp_path, cpu_limits, monkeypatch, "_nibbles", None)
 
 
 def test_subgroup_matmul_epilogue_alpha_and_prologue(tmp_path, cpu_limits):

@@ -200,13 +200,17 @@ def nibble_value(q: Expr, zero: Expr, scale: Expr) -> Expr:
     return kir.cast(q - zero, "f32") * scale
 
 
+def nibble_of(word: Expr, shift: Expr) -> Expr:
+    """The 4-bit value at bit `shift` (a u32) of a u32 word, as an i32."""
+    return kir.cast(kir.binary("band", kir.binary("shr", word, shift), kir.const(15, "u32")), "i32")
+
+
 def nibble_dequant(nib: Nibbles, n_cols, k: Expr, n: Expr, zero_dtype: str = "i32") -> Expr:
     """Element (k, n) of the [K, n_cols] weight `nib` describes, from loads of its tensors (its
     zero points' internal type `zero_dtype`: i32 for integers, f32 for floats): the prologue of
     the product that reads it (compiler/ops/contrib_quant.py, compiler/passes.py)."""
     word = kir.load(nib.words, kir.binary("shr", k, kir.i32(3)) * n_cols + n, "u32")
-    shift = kir.cast(kir.binary("shl", kir.binary("band", k, kir.i32(7)), kir.i32(2)), "u32")
-    q = kir.cast(kir.binary("band", kir.binary("shr", word, shift), kir.const(15, "u32")), "i32")
+    q = nibble_of(word, kir.cast(kir.binary("shl", kir.binary("band", k, kir.i32(7)), kir.i32(2)), "u32"))
     s = kir.binary("shr", k, kir.i32(nib.block.bit_length() - 1)) * n_cols + n
     zero = kir.load(nib.zero_points, s, zero_dtype) if nib.zero_points else kir.i32(nib.zero)
     return nibble_value(q, zero, kir.load(nib.scales, s, "f32"))

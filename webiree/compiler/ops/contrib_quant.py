@@ -140,7 +140,6 @@ def matmul_nbits(ctx, node):
         raise ShapeError(f"MatMulNBits needs positive K and N, got K={K}, N={N}")
     k_blocks = -(-K // bs)
     blob = bs * bits // 8
-    per = 8 // bits
 
     require_float(ctx, node, a)
     if not ctx.shape(a) or ctx.shape(a)[-1] != K:
@@ -163,15 +162,18 @@ def matmul_nbits(ctx, node):
         require_float(ctx, node, bias)
         _shape_is(ctx, bias, "bias", (N,))
 
-    nib = _nibble_words(ctx, node, b, scales, zp, zp_packed, K, N, bits, bs)
-    if nib is not None:
-        w, nibbles = nib
-        out = node.outputs[0] if not bias else ctx.temp("matmul")
-        emit_matmul(ctx, node, a, w, out).nibbles = nibbles
-        if bias:
-            ctx.generic(node.outputs[0], ctx.shape(out), "f32", lambda cs: ctx.read(out, cs) + ctx.read(bias, [cs[-1]]))
-        return
+    nib = _nibble_words(ctx, b, scales, zp, zp_packed, K, N, bits, bs)
+    w, nibbles = nib if nib is not None else (_dequantized_rows(ctx, b, scales, zp, zp_packed, zb, K, N, bits, bs), None)
+    out = node.outputs[0] if not bias else ctx.temp("matmul")
+    emit_matmul(ctx, node, a, w, out, trans_b=nibbles is None).nibbles = nibbles
+    if bias:
+        ctx.generic(node.outputs[0], ctx.shape(out), "f32", lambda cs: ctx.read(out, cs) + ctx.read(bias, [cs[-1]]))
 
+
+def _dequantized_rows(ctx, b, scales, zp, zp_packed, zb, K, N, bits, bs) -> str:
+    """The Generic that dequantizes B as shipped into its [N, K] float rows (the product reads it
+    transposed), from the packed bytes, per-block scales and zero points; returns its tensor."""
+    per, k_blocks = 8 // bits, -(-K // bs)
     zp_rows = zb * per            # elements a row of packed zero points holds (its last byte padded)
     if zp_packed and zp_rows != k_blocks and ctx.const(zp) is not None:
         zp, zp_rows = _dense_zero_points(ctx, zp, N, k_blocks, bits), k_blocks
@@ -193,17 +195,10 @@ def matmul_nbits(ctx, node):
         return nibble_value(q, z, scale)
     w = ctx.temp("dequantized_b")
     ctx.generic(w, [N, K], "f32", dequantize)
-    out = node.outputs[0]
-    if not bias:
-        emit_matmul(ctx, node, a, w, out, trans_b=True)
-        return
-    mm = ctx.temp("matmul")
-    emit_matmul(ctx, node, a, w, mm, trans_b=True)
-    shape = ctx.shape(mm)
-    ctx.generic(out, shape, "f32", lambda cs: ctx.read(mm, cs) + ctx.read(bias, [cs[-1]]))
+    return w
 
 
-def _nibble_words(ctx, node, b, scales, zp, zp_packed, K, N, bits, bs):
+def _nibble_words(ctx, b, scales, zp, zp_packed, K, N, bits, bs):
     """A 4-bit B laid out for products that read it as words (ir/program.py Nibbles): B's bytes
     as u32 words [K/8, N] (four bytes of a row of B along K are one word of eight values: the
     same bytes, in another order), the scales and zero points [K/block, N], and the Generic that

@@ -324,15 +324,14 @@ def _nibble_values(nib: P.Nibbles, b: Binder, k0, kk: int, kb: int, slots: int, 
                 stmts += [Let(f"bz{g}_{j}_{q}", b.load(nib.zero_points, (blk * slots + n) * 4 + q)) for q in range(4)]
         lanes = []
         for q in range(4):
-            word = kir.lane(lvar(f"bw{kk // 8}_{j}", "vec4u"), q)
-            v = kir.binary("band", kir.binary("shr", word, kir.const(4 * (kk % 8), "u32")), kir.const(15, "u32"))
+            v = P.nibble_of(kir.lane(lvar(f"bw{kk // 8}_{j}", "vec4u"), q), kir.const(4 * (kk % 8), "u32"))
             if not nib.zero_points:
                 zero = i32(nib.zero)
             elif floats:
                 zero = kir.lane(lvar(f"bz{g}_{j}", "vec4f"), q)
             else:
                 zero = lvar(f"bz{g}_{j}_{q}", "i32")
-            lanes.append(P.nibble_value(kir.cast(v, "i32"), zero, kir.lane(lvar(f"bs{g}_{j}", "vec4f"), q)))
+            lanes.append(P.nibble_value(v, zero, kir.lane(lvar(f"bs{g}_{j}", "vec4f"), q)))
         stmts.append(Let(f"b{kk}_{j}", kir.vec4(*lanes)))
     return stmts
 
