@@ -25,15 +25,28 @@ EW_RTOL, EW_ATOL = 1e-3, 1e-6     # element-wise: relative to the element, absol
 
 def ort_run(model, feeds):
     """onnxruntime CPU's outputs; its int8 products on the model that it computes exactly
-    (webiree.testing.models.exact_integer_reference: u8 x s8 saturates on AVX2 hosts)."""
+    (webiree.testing.models.exact_integer_reference: u8 x s8 saturates on AVX2 hosts). A QDQ
+    graph (a DequantizeLinear of an 8-bit constant) runs with graph optimizations off: as written,
+    each dequantization and then the f32 product, where onnxruntime's fusion would take the same
+    saturating integer kernels (an AMD EPYC host without VNNI, 7 Dec 2026: a QDQ MatMul of int8
+    weights off by up to 4.5 where its outputs reach 13)."""
     import onnxruntime as ort
     from webiree.testing.models import exact_integer_reference
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if _dequantizes_8bit_constants(model):
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     model = exact_integer_reference(model)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def _dequantizes_8bit_constants(model) -> bool:
+    """Whether a DequantizeLinear of `model`'s main graph reads an int8 or uint8 initializer."""
+    from onnx import TensorProto
+    eight = {i.name for i in model.graph.initializer if i.data_type in (TensorProto.INT8, TensorProto.UINT8)}
+    return any(n.op_type == "DequantizeLinear" and n.input[0] in eight for n in model.graph.node)
 
 
 def assert_close(got, ref, tol=FP32_TOL, name="output", elementwise=False):
