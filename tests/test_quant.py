@@ -121,36 +121,49 @@ def test_dynamic_quantization_shared_by_three_products_is_packed_once(tmp_path, 
     assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
 
 
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("limits, targets", [("default", ("wgsl",)), ("adapter", ("wgsl",)), ("cpu", ("spirv",))])
-def test_dynamic_quantized_attention_projections_are_one_integer_product(tmp_path, limits, targets):
+def test_dynamic_quantized_attention_projections_are_one_integer_product(tmp_path, limits, targets, masked):
     """quantize_dynamic's attention: Q, K and V are MatMulIntegers of one DynamicQuantizeLinear,
     each dequantized with a bias, and read by the attention's products. The three integer products
     become one whose B holds their words side by side (passes.combine_parallel_matmuls), and each
     projection's zero-point term, scales and bias are computed where the attention reads it: one
-    range-pack, one product, then the attention (fused, or its products). Equal to onnxruntime."""
+    range-pack, one product, then the attention (fused, or its products). With a run-time additive
+    mask (BERT's) and heads of 64 (biases and column sums not below the constant table's 256 bytes) the
+    fused attention would bind 9 buffers, past WebGPU's default 8; its small constants are stacked,
+    one per element type (passes._stacked_attention), and it stays one dispatch. Equal to
+    onnxruntime."""
     rng = np.random.default_rng(11)
-    m_, k, n = 32, 64, 16
+    m_, k, n = 32, 64, 64 if masked else 16
     nodes, inits = _dynamic_projections(rng, k, n, ["q", "k", "v"], w_low=-128)
     inits.append(helper.make_tensor("scale", T.FLOAT, [], [0.25]))
     nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
               helper.make_node("MatMul", ["q", "kt"], ["qk"]),
-              helper.make_node("Mul", ["qk", "scale"], ["scores"]),
-              helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              helper.make_node("Mul", ["qk", "scale"], ["scaled" if masked else "scores"])]
+    inputs = [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])]
+    feeds = {"x": rng.standard_normal((m_, k)).astype(np.float32)}
+    if masked:
+        nodes.append(helper.make_node("Add", ["scaled", "mask"], ["scores"]))
+        inputs.append(helper.make_tensor_value_info("mask", T.FLOAT, [1, m_]))
+        feeds["mask"] = np.where(np.arange(m_) < m_ - 5, 0.0, -1e4).astype(np.float32)[None]
+    nodes += [helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "v"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, [m_, n])], inits)
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", T.FLOAT, [m_, n])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
-    x = rng.standard_normal((m_, k)).astype(np.float32)
-    (got,), res, _ = compile_and_run(m, {"x": x}, tmp_path, limits=limits, targets=targets)
-    (ref,) = ort_run(m, {"x": x})
+    (got,), res, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)
+    (ref,) = ort_run(m, feeds)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     combined = {t.name: (t.shape, t.dtype, t.form) for t in res.program.tensors.values()
                 if t.name.endswith(":combined") and t.kind == "const"}
     assert list(combined.values()) == [((k // 4, 3 * n), "u32", "i8")], combined
     kinds = [d.kind for d in res.dispatches]
     # the attention is one dispatch where the plan fuses it (GPUs, CPU adapters with subgroups)
-    rest = ["attention"] if limits in ("default", "adapter") else ["matmul", "softmax", "matmul"]
+    fused = limits in ("default", "adapter")
+    rest = ["attention"] if fused else ["matmul", "softmax", "matmul"]
     assert kinds == ["quantizewords", "matmul"] + rest, [(d.kind, d.nodes) for d in res.dispatches]
+    stacks = sorted((t.dtype, t.shape) for t in res.program.tensors.values() if ":stack" in t.name)
+    # (the adapter here, lavapipe, binds more than WebGPU's default 8 storage buffers: no stacking)
+    assert stacks == ([("f32", (3 * n,)), ("i32", (3 * n,))] if limits == "default" and masked else []), stacks
 
 
 @pytest.mark.parametrize("opset", [13, 21])

@@ -271,8 +271,15 @@ def _stack_constants(prog: Program, e, keep=()):
     one executable; the small constants are stored twice where something else still reads them.
     `keep`: tensors not to stack (read elsewhere by the same kernel). Returns `e` unchanged when
     fewer than two constants of a type qualify."""
+    return _stack_constants_of(prog, [e], keep)[0]
+
+
+def _stack_constants_of(prog: Program, exprs: list, keep=()) -> list:
+    """`_stack_constants` over the expressions of one kernel (an Attention's prologues and
+    epilogues): one stacked constant of each element type for all of them, `exprs` returned in
+    order (None stays None)."""
     groups: dict[str, list[str]] = {}
-    for name in dict.fromkeys(n.attr for n in kir.loads_of(e)):
+    for name in dict.fromkeys(n.attr for e in exprs if e is not None for n in kir.loads_of(e)):
         t = prog.tensors.get(name)
         if t is None or t.kind != "const" or t.data is None or t.alias_of is not None or name in keep:
             continue
@@ -291,14 +298,14 @@ def _stack_constants(prog: Program, e, keep=()):
         prog.tensors[sname] = Tensor(sname, (at,), dtype, kind="const", data=data)
         mapping.update({n: (sname, off) for n, off in offsets.items()})
     if not mapping:
-        return e
+        return list(exprs)
 
     def fn(node):
         if node.op == "load" and node.attr in mapping:
             sname, off = mapping[node.attr]
             return kir.load(sname, kir.substitute(node.args[0], {"__fn__": fn}) + off, node.dtype)
         return None
-    return kir.substitute(e, {"__fn__": fn})
+    return [None if e is None else kir.substitute(e, {"__fn__": fn}) for e in exprs]
 
 
 def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Program:
@@ -553,7 +560,9 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
                         dv=pv.n, alpha=qk.alpha, score=qk.epilogue, guard=prob == guard,
                         prob=prob if prob not in (None, guard) else None, k_rows=qk.trans_b)
         if _bindings(prog, att.reads(), table_below) + 1 > max_bindings:
-            continue
+            att = _stacked_attention(prog, att)     # an integer model's biases and column sums
+            if _bindings(prog, att.reads(), table_below) + 1 > max_bindings:
+                continue
         prog.ops[prog.ops.index(pv)] = att
         prog.ops.remove(qk)
         prog.ops.remove(sm)
@@ -562,6 +571,18 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
         producer = {op.out: op for op in prog.ops}
         readers = _readers(prog)
     return prog
+
+
+def _stacked_attention(prog: Program, att: Attention) -> Attention:
+    """`att` with the small constants of its prologues and epilogues stacked (`_stack_constants`):
+    a quantize_dynamic encoder's Q, K and V each add a bias and a zero-point term of its own
+    (column sums), 9 bindings where WebGPU allows 8; stacked, 5."""
+    keys = list(att.prologues)
+    exprs = _stack_constants_of(prog, [att.prologues[t] for t in keys] + [att.score, att.prob, att.epilogue],
+                                keep={prog.root(t) for t in (att.q, att.kt, att.v)})
+    prologues = dict(zip(keys, exprs[:len(keys)]))
+    score, prob, epilogue = exprs[len(keys):]
+    return dataclasses.replace(att, prologues=prologues, score=score, prob=prob, epilogue=epilogue)
 
 
 def split_large_constants(prog: Program, max_binding: int) -> Program:
