@@ -384,13 +384,14 @@ def _attention_online(op: P.Attention, limits: dict):
     # a CPU-class target without subgroups does not fuse attention: compiler/passes.py
     # fuse_attention): 64 rows, 16 keys, the fastest of those tried on lavapipe in MiniLM (176 ms
     # a run; 8 rows 192 ms, 32 rows x 8 keys 186, 128 rows 193; the three dispatches 144). Fewer
-    # keys where workgroup memory asks; on a GPU then 32 invocations (4 rows: the splits' sums of
-    # 64 invocations' rows of 64 values, BERT-base's heads, need 17 KiB of workgroup memory, past
-    # the default 16), then rows without splits (no sums to meet: heads up to ATTENTION_HEAD_MAX).
+    # keys where workgroup memory asks; on a GPU then 32 and 16 invocations (4 and 2 rows: the
+    # splits' sums of 64 invocations' rows of 64 values, BERT-base's heads, need 17 KiB of workgroup
+    # memory, past the default 16), then rows without splits (no sums to meet: heads up to
+    # ATTENTION_HEAD_MAX).
     inv = min(limits["max_compute_invocations_per_workgroup"], limits["max_compute_workgroup_size_x"])
     cpu = limits.get("device_class") == "cpu"
     t = _pow2_at_most(64, inv)
-    shapes = [(t, 1, (16, 8, 4, 2, 1))] if cpu else [(t, 8, (4, 2, 1)), (t // 2, 8, (4, 2, 1)), (t, 1, (4, 2, 1))]
+    shapes = [(t, 1, (16, 8, 4, 2, 1))] if cpu else [(t, 8, (4, 2, 1)), (t // 2, 8, (4, 2, 1)), (t // 4, 8, (4, 2, 1)), (t, 1, (4, 2, 1))]
     for wg, z, tries in shapes:
         for keys in tries:
             cfg = KernelConfig((wg, 1, 1), AttentionTile(keys, z if wg % z == 0 else 1), 1, S.ATTENTION_ONLINE)
