@@ -391,7 +391,8 @@ def _attention_online(op: P.Attention, limits: dict):
     inv = min(limits["max_compute_invocations_per_workgroup"], limits["max_compute_workgroup_size_x"])
     cpu = limits.get("device_class") == "cpu"
     t = _pow2_at_most(64, inv)
-    shapes = [(t, 1, (16, 8, 4, 2, 1))] if cpu else [(t, 8, (4, 2, 1)), (t // 2, 8, (4, 2, 1)), (t // 4, 8, (4, 2, 1)), (t, 1, (4, 2, 1))]
+    shapes = [(t, 1, (16, 8, 4, 2, 1))] if cpu else \
+        [(t, 8, (4, 2, 1)), (t // 2, 8, (4, 2, 1)), (t // 4, 8, (4, 2, 1)), (t, 1, (4, 2, 1))]
     for wg, z, tries in shapes:
         for keys in tries:
             cfg = KernelConfig((wg, 1, 1), AttentionTile(keys, z if wg % z == 0 else 1), 1, S.ATTENTION_ONLINE)
