@@ -298,9 +298,10 @@ def test_half_weights_read_in_pairs_in_every_variant(page, server, sites):
     model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
                        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [33, 72])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [33, 48])], {"w": w})
-    _assert_words_in_cpu_sg4(_one_dispatch_in_every_variant(page, server, sites, "half_pairs", model, sample_inputs(model),
+    res = _one_dispatch_in_every_variant(page, server, sites, "half_pairs", model, sample_inputs(model),
                                          {"cpu-sg4": "subgroup-broadcast", "gpu": "tiled-shared",
-                                          "cpu": "register-blocked"}))
+                                          "cpu": "register-blocked"})
+    _assert_words_in_cpu_sg4(res)
 
 
 def test_4bit_weights_read_as_words_in_every_variant(page, server, sites):
@@ -310,9 +311,10 @@ def test_4bit_weights_read_as_words_in_every_variant(page, server, sites):
     (matmul._nibbles), the others dequantize B in their loads through its prologue."""
     from .test_contrib_quant import nbits_model
     model, feeds = nbits_model(96, 40, 16, zp="packed", bias=True, a_shape=(33,), seed=3)
-    _assert_words_in_cpu_sg4(_one_dispatch_in_every_variant(page, server, sites, "nibbles", model, feeds,
+    res = _one_dispatch_in_every_variant(page, server, sites, "nibbles", model, feeds,
                                          {"cpu-sg4": "subgroup-broadcast", "gpu": "tiled-shared",
-                                          "cpu": "register-blocked"}))
+                                          "cpu": "register-blocked"})
+    _assert_words_in_cpu_sg4(res)
 
 
 def test_chained_products_in_every_variant(page, server, sites):
@@ -326,20 +328,25 @@ def test_chained_products_in_every_variant(page, server, sites):
                                    {"cpu-sg4": "chain-subgroup", "gpu": "chain-shared", "cpu": "chain-shared"})
 
 
-def test_fused_attention_in_every_variant(page, server, sites):
+@pytest.mark.parametrize("shape", [(2, 3, 33, 45, 20, 12), (1, 2, 40, 50, 64, 64)])
+def test_fused_attention_in_every_variant(page, server, sites, shape):
     """Scaled dot-product attention as one dispatch (kernels/attention.py) on SwiftShader in each
     kernel variant: attention-subgroup with subgroups of 4 in 'cpu-sg4' (the one picked),
     attention-online in 'gpu' and 'cpu', against onnxruntime: rows, keys and head sizes off the
-    blocks, rows whose every key is masked with -inf (0 after the NaN guard)."""
+    blocks, and heads of 64 values (BERT-base's: 'gpu' takes 32 invocations of 8 splits in the
+    default limits, config.py _attention_online), rows whose every key is masked with -inf (0
+    after the NaN guard)."""
     import numpy as np
 
     from webiree.testing.models import sdpa_block
-    model = sdpa_block(2, 3, 33, 45, 20, 12)
+    model = sdpa_block(*shape)
     feeds = sample_inputs(model)
     feeds["mask"][0, 0, :3, :] = -np.inf
-    _one_dispatch_in_every_variant(page, server, sites, "sdpa", model, feeds,
-                                   {"cpu-sg4": "attention-subgroup", "gpu": "attention-online",
-                                    "cpu": "attention-online"})
+    res = _one_dispatch_in_every_variant(page, server, sites, f"sdpa{shape[-1]}", model, feeds,
+                                         {"cpu-sg4": "attention-subgroup", "gpu": "attention-online",
+                                          "cpu": "attention-online"})
+    (gpu,) = [v.info["dispatches"][0]["config"] for v in res.module.variants if v.name == "gpu"]
+    assert list(gpu["workgroup_size"]) == ([32, 1, 1] if shape[-1] == 64 else [64, 1, 1]), gpu
 
 
 START_TIER_JS = """async ({url, runtime, feeds, options}) => {

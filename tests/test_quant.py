@@ -129,10 +129,10 @@ def test_dynamic_quantized_attention_projections_are_one_integer_product(tmp_pat
     become one whose B holds their words side by side (passes.combine_parallel_matmuls), and each
     projection's zero-point term, scales and bias are computed where the attention reads it: one
     range-pack, one product, then the attention (fused, or its products). With a run-time additive
-    mask (BERT's) and heads of 64 (biases and column sums not below the constant table's 256 bytes) the
-    fused attention would bind 9 buffers, past WebGPU's default 8; its small constants are stacked,
-    one per element type (passes._stacked_attention), and it stays one dispatch. Equal to
-    onnxruntime."""
+    mask (BERT's) and heads of 64 (biases and column sums not below the constant table's 256
+    bytes) the fused attention would bind 10 buffers (its output too), past WebGPU's default 8;
+    its small constants are stacked, one per element type (passes._stacked_attention), and it
+    stays one dispatch. Equal to onnxruntime."""
     rng = np.random.default_rng(11)
     m_, k, n = 32, 64, 64 if masked else 16
     nodes, inits = _dynamic_projections(rng, k, n, ["q", "k", "v"], w_low=-128)

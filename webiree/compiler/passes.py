@@ -509,7 +509,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
     (kernels/attention.py), where the scores and the probabilities are read by nothing else, every
     tensor is f32 (a float16 model's hold f32 values rounded to halves), the head sizes D and DV
     are at most ATTENTION_HEAD_MAX, the batches (heads) at most `max_groups` (a workgroup each
-    along z) and the dispatch binds at most `max_bindings` buffers. The softmax's epilogue is the
+    along z) and the dispatch binds at most `max_bindings` buffers, its small constants stacked
+    where that makes it fit (`_stacked_attention`). The softmax's epilogue is the
     NaN guard (`nan_guard`), or absent, or any other (a head mask's factor), which the kernels
     compute on each probability in a second pass over the keys. A float16 model's rounding of
     each probability to a half (onnxruntime's converter writes one) is dropped: the
@@ -576,7 +577,8 @@ def fuse_attention(prog: Program, max_bindings: int, table_below: int, max_group
 def _stacked_attention(prog: Program, att: Attention) -> Attention:
     """`att` with the small constants of its prologues and epilogues stacked (`_stack_constants`):
     a quantize_dynamic encoder's Q, K and V each add a bias and a zero-point term of its own
-    (column sums), 9 bindings where WebGPU allows 8; stacked, 5."""
+    (column sums): with the mask and its output, MiniLM's bound 10 storage buffers where WebGPU
+    allows 8; stacked, 6."""
     keys = list(att.prologues)
     exprs = _stack_constants_of(prog, [att.prologues[t] for t in keys] + [att.score, att.prob, att.epilogue],
                                 keep={prog.root(t) for t in (att.q, att.kt, att.v)})
