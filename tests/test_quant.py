@@ -534,3 +534,38 @@ def test_qdq_product_with_k_not_a_multiple_of_4_sums_in_f32(tmp_path):
     (got,), res, _ = compile_and_run(model, feeds, tmp_path)
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
     assert "packed_4x8_integer_dot_product" not in res.module.limits
+
+
+
+@pytest.mark.parametrize("limits", ["default", "cpu"])
+def test_layers_that_differ_in_their_scales_share_one_executable(tmp_path, limits):
+    """Two layers of quantize_dynamic's projections, alike but for their per-tensor weight scales
+    (which lowering writes into a kernel as literals): each product reads its scale from a small
+    constant of its own (passes.lift_literals), so both run one executable. Equal to onnxruntime."""
+    rng = np.random.default_rng(5)
+    m_, k = 32, 128         # (column sums and biases of 128 values: bound, not in the constant table)
+    nodes, inits = [], []
+    for layer, (x, y, w_scale) in enumerate([("x", "h", 0.003), ("h", "y", 0.01)]):
+        p = f"l{layer}_"
+        w = rng.integers(-127, 128, size=(k, k)).astype(np.int8)
+        inits += [helper.make_tensor(p + "w", T.INT8, [k, k], w.tobytes(), raw=True),
+                  helper.make_tensor(p + "ws", T.FLOAT, [], [w_scale]),
+                  helper.make_tensor(p + "b", T.FLOAT, [k], rng.standard_normal(k).astype(np.float32).tolist())]
+        nodes += [helper.make_node("DynamicQuantizeLinear", [x], [p + "xq", p + "xs", p + "xz"]),
+                  helper.make_node("MatMulInteger", [p + "xq", p + "w", p + "xz"], [p + "p"]),
+                  helper.make_node("Cast", [p + "p"], [p + "pf"], to=T.FLOAT),
+                  helper.make_node("Mul", [p + "xs", p + "ws"], [p + "s"]),
+                  helper.make_node("Mul", [p + "pf", p + "s"], [p + "d"]),
+                  helper.make_node("Add", [p + "d", p + "b"], [y])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [m_, k])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    feeds = {"x": rng.standard_normal((m_, k)).astype(np.float32)}
+    (got,), res, _ = compile_and_run(m, feeds, tmp_path, limits=limits)
+    (ref,) = ort_run(m, feeds)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    info = res.module.info["dispatches"]
+    assert [d["kind"] for d in info] == ["quantizewords", "matmul"] * 2, info
+    assert info[1]["exec"] == info[3]["exec"], info
+    lifted = sorted(round(float(t.data[0]), 6) for t in res.program.tensors.values() if t.name.endswith(":literals"))
+    assert lifted == [0.003, 0.01], lifted
