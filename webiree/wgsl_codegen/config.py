@@ -302,14 +302,14 @@ def _range_pack(op, limits: dict):
     # every workgroup reduces all of x, then packs `words` words per invocation: a GPU runs 16
     # workgroups of as many invocations as it allows (up to 1,024: each re-reads x from L2, and
     # its invocations' loads in flight set the time), a CPU renderer 4 (the whole reduction per core)
-    from .kernels.matmul_int8 import RANGE_UNROLL
+    from .kernels.matmul_int8 import range_unroll
     inv = limits["max_compute_invocations_per_workgroup"]
     cpu = limits.get("device_class") == "cpu"
     groups, n4 = (4 if cpu else 16), op.n // 4
     wg = _pow2_at_most(inv, 64 if cpu else 1024)
     while True:
         words = max(1, -(-n4 // (wg * groups)))
-        if -(-n4 // (wg * RANGE_UNROLL)) + words <= SERIAL_LOOP_ITERATIONS:
+        if -(-n4 // (wg * range_unroll(limits))) + words <= SERIAL_LOOP_ITERATIONS:
             return KernelConfig((wg, 1, 1), (words,), 1, S.RANGE_PACK)
         if wg * 2 > inv:
             raise LimitsError(f"{op.name} quantizes {op.n:,} values in one dispatch: past {wg} invocations' "

@@ -36,7 +36,7 @@ from .kernels import check
 from .kernels.common import ConvTile, DepthwiseTile, KernelConfig, RowBlockTile
 from .kernels.common import Strategy as S
 from .kernels.matmul import matmul_vec4_ok
-from .kernels.matmul_int8 import RANGE_UNROLL
+from .kernels.matmul_int8 import range_unroll
 
 FORMAT = "webiree-tuning/1"
 
@@ -187,7 +187,7 @@ def _range_pack_candidates(v: P.QuantizeWords, limits: dict):
     n4 = v.n // 4
     for wg in (64, 128, 256, 512, 1024):
         for words in (1, 2, 4, 8, 16, 32, 64):
-            if -(-n4 // (wg * RANGE_UNROLL)) + words <= SERIAL_LOOP_ITERATIONS and -(-n4 // (wg * words)) <= 256:
+            if -(-n4 // (wg * range_unroll(limits))) + words <= SERIAL_LOOP_ITERATIONS and -(-n4 // (wg * words)) <= 256:
                 yield KernelConfig((wg, 1, 1), (words,), 1, S.RANGE_PACK)
 
 

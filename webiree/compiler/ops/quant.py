@@ -41,7 +41,7 @@ SPLIT, SPLIT_FROM = 8, 8192
 # A static x of n % 4 == 0 values up to this many is quantized by one QuantizeWords dispatch
 # instead (range and packing together, each workgroup reducing the whole of x: _quantize_words);
 # At the bound each of a CPU renderer's 4 x 64 invocations (config.py _range_pack) scans 4,096
-# iterations of four vec4s (kernels/matmul_int8.py RANGE_UNROLL) and packs 4,096 words, far inside
+# iterations of four vec4s (kernels/matmul_int8.py range_unroll) and packs 4,096 words, far inside
 # llvmpipe's 65,535 iterations; beyond it the sliced reduction below spreads the range wider.
 WORDS_UP_TO = 1 << 22
 QRANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}

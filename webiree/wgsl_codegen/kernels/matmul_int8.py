@@ -377,7 +377,12 @@ def check(strategy: Strategy, op: P.MatMul) -> str | None:
     return None
 
 
-RANGE_UNROLL = 4
+PACK_UNROLL = 16       # up to this many words an invocation packs: on GPUs their loads issued together
+
+
+def range_unroll(limits: dict) -> int:
+    """vec4 loads in flight per invocation in the range-pack's scan."""
+    return 4 if limits.get("device_class") == "cpu" else 8
 
 
 def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
@@ -386,24 +391,35 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
     the two-dispatch form's Reduce does, NaN kept), so each knows the scale without a second
     dispatch, then packs its own `per` words per invocation; workgroup 0 stores the scale and the
     zero point after the words. A GPU runs a few workgroups, each re-reading x from its cache; a
-    CPU renderer one per core or so (config.py _range_pack)."""
+    CPU renderer one per core or so (config.py _range_pack).
+
+    On a GPU each workgroup streams all of x through one compute unit, so the scan is written for
+    loads in flight: range_unroll vec4 loads an iteration with no branch between them, and the
+    words' loads likewise before their stores (a load inside an `if` waits for the branch)."""
     wg, per = cfg.workgroup_size[0], cfg.tile.words
     n4 = op.n // 4
     out = b.name(op.out)
     inf = kir.const(float("inf"), "f32")
-    # the scan: RANGE_UNROLL independent vec4 loads in flight per iteration, each lane its own
-    # minima (a GPU waits on each load's latency; four at once cut the wait fourfold)
-    body, scan = [], []
-    for u in range(RANGE_UNROLL):
+    # a GPU's loads go out together, with no branch between them (an index past the end reads the
+    # last vec4 again, which changes neither minimum); a CPU renderer's stay guarded (SwiftShader
+    # in Chromium did not finish compiling the branch-free form of a BERT's range-packs in 30 s)
+    gpu, unroll = limits.get("device_class") != "cpu", range_unroll(limits)
+    body, loads, mins = [], [], []
+    for u in range(unroll):
         lo, nh, v = lvar(f"lo{u}", "f32"), lvar(f"nh{u}", "f32"), lvar(f"v{u}", "vec4f")
         body += [Decl(f"lo{u}", "f32", inf), Decl(f"nh{u}", "f32", inf)]
-        step = [Let(f"v{u}", b.load4(op.x, lvar("i", "i32") + u * wg))]
-        for q in range(4):
-            step += [Assign(f"lo{u}", min_nan(lo, kir.lane(v, q))), Assign(f"nh{u}", min_nan(nh, -kir.lane(v, q)))]
-        scan += step if u == 0 else [If(lvar("i", "i32") + u * wg < n4, step)]
-    body.append(For("i", lid(), i32(n4), scan, step=wg * RANGE_UNROLL))
+        at = lvar("i", "i32") + u * wg
+        step = [a for q in range(4) for a in (Assign(f"lo{u}", min_nan(lo, kir.lane(v, q))),
+                                              Assign(f"nh{u}", min_nan(nh, -kir.lane(v, q))))]
+        if gpu:
+            loads.append(Let(f"v{u}", b.load4(op.x, at if u == 0 else kir.minimum(at, i32(n4 - 1)))))
+            mins += step
+        else:
+            step = [Let(f"v{u}", b.load4(op.x, at))] + step
+            mins += step if u == 0 else [If(at < n4, step)]
+    body.append(For("i", lid(), i32(n4), loads + mins, step=wg * unroll))
     lo, nh = lvar("lo0", "f32"), lvar("nh0", "f32")
-    for u in range(1, RANGE_UNROLL):
+    for u in range(1, unroll):
         lo, nh = min_nan(lo, lvar(f"lo{u}", "f32")), min_nan(nh, lvar(f"nh{u}", "f32"))
     body += tree("red", wg, min_nan, lo, "f32", twin=("red1", nh))      # both minima in one tree's steps
     body += [Let("x_min", kir.minimum(kir.sload("red", i32(0), "f32"), kir.f32(0.0))),
@@ -417,11 +433,22 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
     def q(val):     # q - 128: the signed byte a word holds
         return P.dynamic_quant_value(val, scale, zp) - 128
 
-    w, xw = lvar("w", "i32"), lvar("xw", "vec4f")
-    word = kir.pack4i8(*(q(kir.lane(xw, k)) for k in range(4)))
-    body.append(For("j", i32(0), i32(per), [
-        Let("w", linear_wid() * (wg * per) + lvar("j", "i32") * wg + lid()),
-        If(w < n4, [Let("xw", b.load4(op.x, w)), Store(out, w, epilogue(op, b, word, w))])]))
+    word = lambda xw: kir.pack4i8(*(q(kir.lane(xw, k)) for k in range(4)))
+    base = linear_wid() * (wg * per) + lid()
+    if gpu and per <= PACK_UNROLL:      # every load, then every store (the stores' guard after the loads)
+        ragged = n4 % (wg * per) != 0
+        for j in range(per):
+            body += [Let(f"w{j}", base + j * wg),
+                     Let(f"xw{j}", b.load4(op.x, kir.minimum(lvar(f"w{j}", "i32"), i32(n4 - 1)) if ragged else lvar(f"w{j}", "i32")))]
+        for j in range(per):
+            w = lvar(f"w{j}", "i32")
+            st = Store(out, w, epilogue(op, b, word(lvar(f"xw{j}", "vec4f")), w))
+            body.append(If(w < n4, [st]) if ragged else st)
+    else:
+        w = lvar("w", "i32")
+        body.append(For("j", i32(0), i32(per), [
+            Let("w", linear_wid() * (wg * per) + lvar("j", "i32") * wg + lid()),
+            If(w < n4, [Let("xw", b.load4(op.x, w)), Store(out, w, epilogue(op, b, word(lvar("xw", "vec4f")), w))])]))
     first = kir.binary("and", kir.binary("eq", linear_wid(), i32(0)), kir.binary("eq", lid(), i32(0)))
     body.append(If(first, [Store(out, i32(n4), epilogue(op, b, kir.bitcast(scale, "u32"), i32(n4))),
                            Store(out, i32(n4 + 1), epilogue(op, b, kir.cast(zp, "u32"), i32(n4 + 1)))]))
