@@ -128,6 +128,11 @@ def main(argv=None) -> int:
                              "onnx_bytes": path.stat().st_size, "dispatches": r["dispatches"], "ort_ms": r["results"]["onnxruntime-cpu"]["median_ms"],
                              "adapter": r["adapter"].get("device", "?"),
                              "kinds": {k: (v["count"], round(v["ms"], 3)) for k, v in r.get("kinds", {}).items()}})
+            # the builds above left the GPU idle: its clock up again before the turns, as
+            # ab_sources.py does (a run without it, 7 Dec on an H100, read f32 and int8 MiniLM at
+            # 2.4-2.7 ms where ab_sources.py read 1.0-1.2 ms for the same builds)
+            from webiree.hal_webgpu import wgpu_driver
+            wgpu_driver.hold_clocks(1.0)
             medians = alternating_medians(sessions, feeds, args.runs, args.warmup)
             for s in sessions:
                 s.close()

@@ -567,5 +567,58 @@ def test_layers_that_differ_in_their_scales_share_one_executable(tmp_path, limit
     info = res.module.info["dispatches"]
     assert [d["kind"] for d in info] == ["quantizewords", "matmul"] * 2, info
     assert info[1]["exec"] == info[3]["exec"], info
-    lifted = sorted(round(float(t.data[0]), 6) for t in res.program.tensors.values() if t.name.endswith(":literals"))
+    lifted = sorted(round(float(np.asarray(t.data[:1], np.uint32).view(np.float32)[0]), 6)
+                    for t in res.program.tensors.values() if t.name.endswith(":literals"))
     assert lifted == [0.003, 0.01], lifted
+
+
+@pytest.mark.parametrize("limits", ["default", "cpu"])
+def test_qdq_layers_that_differ_in_scales_and_zero_points_share_executables(tmp_path, monkeypatch, limits):
+    """Three QDQ layers (quantize_static's products, per-tensor scales) whose activations' scales
+    and zero points differ (i32 literals in the packing, f32 ones there and in the epilogue): each
+    op reads them from a small constant of its own (passes.lift_literals; strides and offsets stay
+    in the code), so the second and third layers' packings (each of the dequantized product
+    before it) run one executable. The same values as the build without the pass, and
+    onnxruntime's to its rounding."""
+    from onnx import numpy_helper
+    rng = np.random.default_rng(3)
+    m_, k = 16, 128
+    nodes, inits = [], []
+    layers = [("x", "h0", 0.05, 131, 0.002), ("h0", "h1", 0.4, 120, 0.003), ("h1", "y", 0.3, 125, 0.004)]
+    for layer, (x, y, xs, xz, ws) in enumerate(layers):
+        p = f"l{layer}_"
+        w = rng.integers(-128, 128, size=(k, k)).astype(np.int8)
+        inits += [helper.make_tensor(p + "w", T.INT8, [k, k], w.tobytes(), raw=True),
+                  numpy_helper.from_array(np.array(ws, np.float32), p + "ws"),
+                  numpy_helper.from_array(np.array(0, np.int8), p + "wz"),
+                  numpy_helper.from_array(np.array(xs, np.float32), p + "xs"),
+                  numpy_helper.from_array(np.array(xz, np.uint8), p + "xz")]
+        nodes += [helper.make_node("QuantizeLinear", [x, p + "xs", p + "xz"], [p + "xq"]),
+                  helper.make_node("DequantizeLinear", [p + "xq", p + "xs", p + "xz"], [p + "xd"]),
+                  helper.make_node("DequantizeLinear", [p + "w", p + "ws", p + "wz"], [p + "wd"]),
+                  helper.make_node("MatMul", [p + "xd", p + "wd"], [y])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [m_, k])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    feeds = {"x": (rng.standard_normal((m_, k)) * 3).astype(np.float32)}
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    from webiree.compiler import passes
+    monkeypatch.setattr(passes, "lift_literals", lambda prog, **kw: prog)
+    (unlifted,), res0, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    np.testing.assert_array_equal(got, unlifted)
+    # onnxruntime's h is a sum of f32 products, ours f32(integer sum) * scale: where an h lies on a
+    # rounding boundary of the next QuantizeLinear the two differ by one step, which moves y by up
+    # to 128 weight steps (0.3 * 0.004 each)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2 * 128 * 0.3 * 0.004)
+    assert np.mean(np.abs(got - ref) > 1e-4 * np.abs(ref).max()) < 0.2
+    info = res.module.info["dispatches"]
+    assert [d["kind"] for d in info] == ["generic", "matmul"] * 3, info
+    assert len(res.module.executables) == 4 and len(res0.module.executables) == 5, ([d["exec"] for d in info], [d["exec"] for d in res0.module.info["dispatches"]])
+    # the second and third packings share one executable (the products of the first two layers,
+    # with no epilogue of their own, do without the pass too)
+    assert info[2]["exec"] == info[4]["exec"] and info[1]["exec"] == info[3]["exec"], info
+    lifted = [np.asarray(t.data, np.uint32) for t in res.program.tensors.values() if t.name.endswith(":literals")]
+    assert len(lifted) == 2, [t.name for t in res.program.tensors.values() if t.name.endswith(":literals")]
+    # the packings' zero points among their words (the second and third layers': 120 and 125)
+    assert sorted(int(w) for a in lifted for w in a if w in (120, 125)) == [120, 125], lifted

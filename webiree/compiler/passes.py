@@ -42,6 +42,10 @@ fused mask and scale), the softmax over the keys and the product with V one Atte
 (BERT's Q, K and V projections) become one product, their Bs side by side, and each original
 output a Generic op reading its columns, which fusion then computes inside its readers.
 
+`lift_literals` runs after fusion: ops whose kernels are alike but for the constants written
+into them (a quantized encoder's layers, each with its own scales and zero points) read those
+values from a small constant of their own, so the layers share one executable.
+
 `pack_constants` runs last: each constant is given the narrow storage form
 that holds its values exactly (weights keep the size they were shipped in).
 """
@@ -872,11 +876,15 @@ def _replace_by_parts(prog, op, ranges, axis: int, label: str, fields):
     prog.ops[at:at + 1] = new_ops
 
 
+LIFTED_TYPES = ("f32", "i32")
+
+
 def _skeleton(prog: Program, op):
     """What `op`'s kernel is made of, as a hashable key, with its tensors named by order of first
-    mention (with their kind, type, shape and form) and its f32 constants left out; and those
-    constants' nodes in the same order. Two ops with the same key differ only in those values
-    (and in which buffers they bind): the layers of a model."""
+    mention (with their kind, type, shape and form) and its value constants left out: f32
+    constants, and i32 ones outside index arithmetic (a zero point; a stride or an offset stays in
+    the key); and those constants' nodes in the same order. Two ops with the same key differ only
+    in those values (and in which buffers they bind): the layers of a model."""
     names: dict[str, str] = {}
     ids: dict[int, int] = {}
     literals: list[kir.Expr] = []
@@ -889,15 +897,23 @@ def _skeleton(prog: Program, op):
         return names[name]
 
     def expr(e):
-        nodes = []
-        for n in kir.walk(e):
-            if n.op == "const" and n.dtype == "f32":
+        nodes: list = []
+        seen: dict = {}
+
+        def visit(n, index: bool) -> int:     # index: under a load's index (strides, offsets)
+            if (id(n), index) in seen:
+                return seen[id(n), index]
+            if n.op == "const" and n.dtype in LIFTED_TYPES and not index:
                 literals.append(n)
-                attr = "?"
+                node = (n.op, n.dtype, "?", ())
             else:
-                attr = tok(n.attr) if n.op == "load" else repr(n.attr)
-            ids[id(n)] = len(ids)
-            nodes.append((n.op, n.dtype, attr, tuple(ids[id(a)] for a in n.args)))
+                args = tuple(visit(a, index or n.op == "load") for a in n.args)
+                node = (n.op, n.dtype, tok(n.attr) if n.op == "load" else repr(n.attr), args)
+            seen[id(n), index] = len(ids)
+            ids[len(ids)] = node
+            nodes.append(node)
+            return seen[id(n), index]
+        visit(e, False)
         return tuple(nodes)
 
     def value(v):
@@ -915,15 +931,23 @@ def _skeleton(prog: Program, op):
     return key, literals
 
 
+def _bits(node: kir.Expr) -> int:
+    """A constant's 32 bits (as the u32 word that holds it)."""
+    if node.dtype == "f32":
+        return int(np.array(node.attr, np.float32).view(np.uint32))
+    return int(node.attr) & 0xFFFFFFFF
+
+
 def lift_literals(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Program:
-    """Kernels that differ only in f32 constants written into them become one executable: where
-    two or more ops have the same skeleton (`_skeleton`: a quantized encoder's layers, whose
-    per-tensor weight scales lowering writes into each kernel as literals), the constants that
-    differ between them are read from a small constant of each op's own instead, bound like its
-    other inputs (padded to `table_below` bytes, so it never joins the constant table, whose reads
-    name their offsets in the code). An op that has no binding left keeps its literals.
-    quantize_dynamic MiniLM's default build: 136 -> 41 executables (of its 5 variants' 6.4 MB of
-    WGSL, 5.0 MB were those copies)."""
+    """Kernels that differ only in constants written into them become one executable: where two or
+    more ops have the same skeleton (`_skeleton`: a quantized encoder's layers, whose per-tensor
+    scales and zero points lowering writes into each kernel as literals), the constants that
+    differ between them are read from a small constant of each op's own instead (u32 words, each
+    bitcast to its type where it is read), bound like its other inputs (padded to `table_below`
+    bytes, so it never joins the constant table, whose reads name their offsets in the code). A
+    group in which some op has no binding left keeps its literals. MiniLM's default builds:
+    quantize_dynamic 136 -> 41 executables (6.60 -> 1.65 MB of module), QDQ 141 -> 49 (5.28 ->
+    1.54 MB)."""
     groups: dict = {}
     for i, op in enumerate(prog.ops):
         key, literals = _skeleton(prog, op)
@@ -932,33 +956,32 @@ def lift_literals(prog: Program, max_bindings: int = 8, table_below: int = 256) 
     for members in groups.values():
         if len(members) < 2:
             continue
-        values = np.array([[n.attr for n in lits] for _, lits in members], dtype=np.float64)
-        differ = [p for p in range(values.shape[1]) if not np.all(values[:, p] == values[0, p])
-                  and not np.all(np.isnan(values[:, p]))]
+        words = np.array([[_bits(n) for n in lits] for _, lits in members], dtype=np.uint32)
+        differ = [p for p in range(words.shape[1]) if np.any(words[:, p] != words[0, p])]
         if not differ:
             continue
-        lifted = []
-        for i, lits in members:
-            op = prog.ops[i]
-            name = f"{op.out}:literals"
-            size = max(len(differ), table_below // 4)
-            if _bindings_after(prog, op, [], table_below) + 1 > max_bindings:
-                break
-            data = np.zeros(size, np.float32)
-            data[:len(differ)] = [lits[p].attr for p in differ]
-            lifted.append((i, name, data, {lits[p]: kir.load(name, kir.i32(j), "f32") for j, p in enumerate(differ)}))
-        else:
-            for i, name, data, mapping in lifted:   # all of the group, or none (one executable)
-                prog.tensors[name] = Tensor(name, (data.size,), "f32", kind="const", data=data)
-                prog.ops[i] = _substituted(prog.ops[i], mapping)
+        if any(_bindings_after(prog, prog.ops[i], [], table_below) + 1 > max_bindings for i, _ in members):
+            continue
+        for (i, lits), row in zip(members, words):
+            name = f"{prog.ops[i].out}:literals"
+            data = np.zeros(max(len(differ), table_below // 4), np.uint32)
+            data[:len(differ)] = row[differ]
+            prog.tensors[name] = Tensor(name, (data.size,), "u32", kind="const", data=data)
+            mapping = {lits[p]: kir.bitcast(kir.load(name, kir.i32(j), "u32"), lits[p].dtype)
+                       for j, p in enumerate(differ)}
+            prog.ops[i] = _substituted(prog.ops[i], mapping)
     return prog
 
 
 def _substituted(op, mapping: dict):
-    """`op` with `mapping` (Expr node -> Expr) applied to every expression it holds."""
+    """`op` with `mapping` (constant node -> Expr) applied to every expression it holds, outside
+    loads' indices (where the same constant stays: `_skeleton`)."""
+    def fn(node):
+        return node if node.op == "load" else mapping.get(node)
+
     def value(v):
         if isinstance(v, kir.Expr):
-            return kir.substitute(v, mapping)
+            return kir.substitute(v, {"__fn__": fn})
         if isinstance(v, dict):
             return {k: value(x) for k, x in v.items()}
         return v
