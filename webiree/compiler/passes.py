@@ -886,7 +886,7 @@ def _skeleton(prog: Program, op):
     the key); and those constants' nodes in the same order. Two ops with the same key differ only
     in those values (and in which buffers they bind): the layers of a model."""
     names: dict[str, str] = {}
-    ids: dict[int, int] = {}
+    count = itertools.count()       # the key's nodes, numbered across all of op's expressions
     literals: list[kir.Expr] = []
 
     def tok(name):
@@ -909,8 +909,7 @@ def _skeleton(prog: Program, op):
             else:
                 args = tuple(visit(a, index or n.op == "load") for a in n.args)
                 node = (n.op, n.dtype, tok(n.attr) if n.op == "load" else repr(n.attr), args)
-            seen[id(n), index] = len(ids)
-            ids[len(ids)] = node
+            seen[id(n), index] = next(count)
             nodes.append(node)
             return seen[id(n), index]
         visit(e, False)
@@ -984,9 +983,12 @@ def _substituted(op, mapping: dict):
             return kir.substitute(v, {"__fn__": fn})
         if isinstance(v, dict):
             return {k: value(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            new = [value(x) for x in v]
+            return v if all(a is b for a, b in zip(new, v)) else type(v)(new)
         return v
     changes = {f.name: value(getattr(op, f.name)) for f in dataclasses.fields(op)
-               if isinstance(getattr(op, f.name), (kir.Expr, dict))}
+               if isinstance(getattr(op, f.name), (kir.Expr, dict, list, tuple))}
     return dataclasses.replace(op, **changes)
 
 
