@@ -300,8 +300,8 @@ def _one_per_output(strategy):
 
 def _range_pack(op, limits: dict):
     # every workgroup reduces all of x, then packs `words` words per invocation: a GPU runs 16
-    # workgroups of as many invocations as it allows (up to 1,024: each re-reads x from L2, and
-    # its invocations' loads in flight set the time), a CPU renderer 4 (the whole reduction per core)
+    # workgroups of as many invocations as it allows (up to 1,024: each re-reads x from L2: one
+    # compute unit's bandwidth from L2 sets the time, docs/performance.md), a CPU renderer 4 (the whole reduction per core)
     from .kernels.matmul_int8 import range_unroll
     inv = limits["max_compute_invocations_per_workgroup"]
     cpu = limits.get("device_class") == "cpu"

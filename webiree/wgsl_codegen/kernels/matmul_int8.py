@@ -444,7 +444,7 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
             w = lvar(f"w{j}", "i32")
             st = Store(out, w, epilogue(op, b, word(lvar(f"xw{j}", "vec4f")), w))
             body.append(If(w < n4, [st]) if ragged else st)
-    else:
+    else:       # a CPU renderer's form (and a GPU's beyond PACK_UNROLL words), byte for byte as before
         w = lvar("w", "i32")
         body.append(For("j", i32(0), i32(per), [
             Let("w", linear_wid() * (wg * per) + lvar("j", "i32") * wg + lid()),
