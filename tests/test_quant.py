@@ -539,13 +539,16 @@ def test_qdq_product_with_k_not_a_multiple_of_4_sums_in_f32(tmp_path):
 
 @pytest.mark.parametrize("limits", ["default", "cpu"])
 def test_layers_that_differ_in_their_scales_share_one_executable(tmp_path, limits):
-    """Two layers of quantize_dynamic's projections, alike but for their per-tensor weight scales
+    """Three layers of quantize_dynamic's projections, alike but for their per-tensor weight scales
     (which lowering writes into a kernel as literals): each product reads its scale from a small
-    constant of its own (passes.lift_literals), so both run one executable. Equal to onnxruntime."""
+    constant of its own (passes.lift_literals), so the first two (each writing the next layer's
+    input, whose range it records: passes.ranges_from_producers) run one executable; the last,
+    whose result no range-pack reads, is a kernel of its own and keeps its literal. Equal to
+    onnxruntime."""
     rng = np.random.default_rng(5)
     m_, k = 32, 128         # (column sums and biases of 128 values: bound, not in the constant table)
     nodes, inits = [], []
-    for layer, (x, y, w_scale) in enumerate([("x", "h", 0.003), ("h", "y", 0.01)]):
+    for layer, (x, y, w_scale) in enumerate([("x", "h", 0.003), ("h", "h2", 0.01), ("h2", "y", 0.02)]):
         p = f"l{layer}_"
         w = rng.integers(-127, 128, size=(k, k)).astype(np.int8)
         inits += [helper.make_tensor(p + "w", T.INT8, [k, k], w.tobytes(), raw=True),
@@ -565,8 +568,8 @@ def test_layers_that_differ_in_their_scales_share_one_executable(tmp_path, limit
     (ref,) = ort_run(m, feeds)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     info = res.module.info["dispatches"]
-    assert [d["kind"] for d in info] == ["quantizewords", "matmul"] * 2, info
-    assert info[1]["exec"] == info[3]["exec"], info
+    assert [d["kind"] for d in info] == ["quantizewords", "matmul"] * 3, info
+    assert info[1]["exec"] == info[3]["exec"] != info[5]["exec"], info
     lifted = sorted(round(float(np.asarray(t.data[:1], np.uint32).view(np.float32)[0]), 6)
                     for t in res.program.tensors.values() if t.name.endswith(":literals"))
     assert lifted == [0.003, 0.01], lifted
@@ -622,3 +625,76 @@ def test_qdq_layers_that_differ_in_scales_and_zero_points_share_executables(tmp_
     assert len(lifted) == 2, [t.name for t in res.program.tensors.values() if t.name.endswith(":literals")]
     # the packings' zero points among their words (the second and third layers': 120 and 125)
     assert sorted(int(w) for a in lifted for w in a if w in (120, 125)) == [120, 125], lifted
+
+
+def _producers_model(rng, m_: int, k: int, heads: int):
+    """Three range-packs, each of another producer's result: a LayerNormalization, a product with
+    its bias and Relu, and a batched product whose heads a Transpose and a Reshape put back side by
+    side (attention's context: the range-pack's prologue permutes the product's result). Each
+    packing feeds a MatMulInteger, dequantized; the results and the three scales are outputs."""
+    d = k // heads
+    f = lambda a: helper.make_tensor(f"c{next(_ids)}", T.FLOAT, list(a.shape), a.ravel().tolist())
+    ln_s, ln_b = f(rng.standard_normal(k).astype(np.float32)), f(rng.standard_normal(k).astype(np.float32))
+    w1, b1 = f((rng.standard_normal((k, k)) * 0.2).astype(np.float32)), f(rng.standard_normal(k).astype(np.float32))
+    wh = f((rng.standard_normal((heads, d, d)) * 0.3).astype(np.float32))
+    shape_h = helper.make_tensor("shape_h", T.INT64, [3], [m_, heads, d])
+    shape_m = helper.make_tensor("shape_m", T.INT64, [2], [m_, k])
+    inits = [ln_s, ln_b, w1, b1, wh, shape_h, shape_m]
+    nodes = [helper.make_node("LayerNormalization", ["x", ln_s.name, ln_b.name], ["ln"], axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["x", w1.name], ["mm"]), helper.make_node("Add", ["mm", b1.name], ["mb"]),
+             helper.make_node("Relu", ["mb"], ["act"]),
+             helper.make_node("Reshape", ["x", "shape_h"], ["xh"]), helper.make_node("Transpose", ["xh"], ["xt"], perm=[1, 0, 2]),
+             helper.make_node("MatMul", ["xt", wh.name], ["ctx"]), helper.make_node("Transpose", ["ctx"], ["ct"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["ct", "shape_m"], ["att"])]
+    outs = []
+    for i, src in enumerate(["ln", "act", "att"]):
+        more, inits_i = _dynamic_projections(rng, k, k, [f"y{i}"])
+        rename = {"x": src, "xq": f"q{i}", "xs": f"s{i}", "xz": f"z{i}"}
+        for node in more:
+            node.input[:] = [rename.get(a, a if a.startswith(f"y{i}") else f"{a}_{i}") for a in node.input]
+            node.output[:] = [rename.get(a, a if a.startswith(f"y{i}") else f"{a}_{i}") for a in node.output]
+        for t in inits_i:
+            t.name = f"{t.name}_{i}"
+        nodes += more
+        inits += inits_i
+        outs += [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [m_, k]), helper.make_tensor_value_info(f"s{i}", T.FLOAT, [])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+_ids = iter(range(1 << 30))
+
+
+@pytest.mark.parametrize("limits, targets", [("default", ("wgsl",)), ("cpu", ("wgsl",)), ("cpu", ("spirv",))])
+def test_dynamic_quantization_reads_its_range_from_the_producer(tmp_path, monkeypatch, limits, targets):
+    """The range-packs of a layernorm's, a product's (bias, Relu) and a permuted batched product's
+    results read their ranges from the minima each producing workgroup recorded
+    (passes.ranges_from_producers, kernels/quant_range.py), and give bit for bit the values of the
+    build without the pass, and of a build whose producers have more workgroups than the slots
+    (each records none, and the range-pack scans its input); onnxruntime's within a rounding step."""
+    from webiree.compiler import passes
+    from webiree.ir import program as P
+    rng = np.random.default_rng(17)
+    m = _producers_model(rng, 64, 128, 4)
+    feeds = {"x": (rng.standard_normal((64, 128)) * 2).astype(np.float32)}
+    got, res, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)
+    packs = [op for op in res.program.ops if isinstance(op, P.QuantizeWords)]
+    assert len(packs) == 3 and all(op.partials for op in packs), [(op.name, op.partials) for op in packs]
+    by_out = {res.program.root(d.name and op.out): d for op, d in zip(res.program.ops, res.dispatches)}
+    recording = [d.name for t, d in by_out.items() if res.program.tensors[t].ranges
+                 and any(a.name == "qrlo_s" for a in d.kernel.shared)]
+    assert len(recording) == 3, recording
+    with monkeypatch.context() as mp:
+        mp.setattr(P, "RANGE_SLOTS", 1)         # every producer has more workgroups than that
+        few, res_few, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)
+    assert not any(a.name == "qrlo_s" for d in res_few.dispatches for a in d.kernel.shared)
+    with monkeypatch.context() as mp:
+        mp.setattr(passes, "ranges_from_producers", lambda prog: prog)
+        plain, res_plain, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)
+    assert not any(t.ranges for t in res_plain.program.tensors.values())
+    ref = ort_run(m, feeds)
+    assert len(got) == len(few) == len(plain) == len(ref) == 6
+    for g_, f_, p_, r in zip(got, few, plain, ref):
+        np.testing.assert_array_equal(g_, p_)
+        np.testing.assert_array_equal(f_, p_)
+        np.testing.assert_allclose(g_, r, rtol=1e-2, atol=2e-2 * float(np.abs(r).max()))

@@ -295,6 +295,7 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
                               table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)),
                               max_groups=lim["max_compute_workgroups_per_dimension"])
     passes.dce(prog)
+    passes.ranges_from_producers(prog)      # (before lift_literals: a kernel that records a range is another kernel)
     passes.lift_literals(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
                          table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)))
     passes.pack_constants(prog)

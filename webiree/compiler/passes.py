@@ -42,6 +42,10 @@ fused mask and scale), the softmax over the keys and the product with V one Atte
 (BERT's Q, K and V projections) become one product, their Bs side by side, and each original
 output a Generic op reading its columns, which fusion then computes inside its readers.
 
+`ranges_from_producers` runs after fusion: a DynamicQuantizeLinear's range is reduced by the
+kernel that writes its input (a layernorm, a product and its GELU, attention), each workgroup
+over what it stored, so the range-pack reads those partial minima instead of every value.
+
 `lift_literals` runs after fusion: ops whose kernels are alike but for the constants written
 into them (a quantized encoder's layers, each with its own scales and zero points) read those
 values from a small constant of their own, so the layers share one executable.
@@ -61,8 +65,8 @@ from ..errors import LimitsError
 from ..ir import kir, packing
 from ..ir.mapped import release
 from ..ir.sym import upper
-from ..ir.program import O, Anchor, Attention, Conv, Generic, MatMul, MatMulChain, Program, Softmax, Tensor, acc_var, \
-    nibble_dequant
+from ..ir.program import O, Anchor, Attention, Conv, Generic, LayerNorm, MatMul, MatMulChain, Program, QuantizeWords, \
+    Softmax, Tensor, acc_var, nibble_dequant
 from .memory import in_constant_table
 
 INLINE_COST = 8    # a producer this cheap may be recomputed by several readers
@@ -893,7 +897,7 @@ def _skeleton(prog: Program, op):
         if name not in names:
             t = prog.tensors[prog.root(name)] if name in prog.tensors else None
             kind = None if t is None else t.kind if t.kind in ("const", "params") else "buffer"
-            names[name] = f"t{len(names)}" + ("" if t is None else f":{kind}:{t.dtype}:{t.shape}:{t.pack}")
+            names[name] = f"t{len(names)}" + ("" if t is None else f":{kind}:{t.dtype}:{t.shape}:{t.pack}:{t.ranges}")
         return names[name]
 
     def expr(e):
@@ -990,6 +994,63 @@ def _substituted(op, mapping: dict):
     changes = {f.name: value(getattr(op, f.name)) for f in dataclasses.fields(op)
                if isinstance(getattr(op, f.name), (kir.Expr, dict, list, tuple))}
     return dataclasses.replace(op, **changes)
+
+
+# the kernels whose every store to their output is a final value, once per element (checked in
+# their builders): the stored values are the tensor's values, so their minima are its range
+RANGE_PRODUCERS = (LayerNorm, MatMul, Attention, Generic)
+
+
+def ranges_from_producers(prog: Program) -> Program:
+    """A range-pack (QuantizeWords) whose x is a temporary written whole by one op of
+    RANGE_PRODUCERS, or a permutation of one computed by its prologue (attention's heads
+    transposed back), reads its range from that tensor's tail (Tensor.ranges, ir/program.py):
+    the op's kernel reduces what each of its workgroups stores (wgsl_codegen/kernels/quant_range.py),
+    so the range-pack's workgroups read a partial minimum per producing workgroup instead of each
+    scanning all of x (docs/performance.md, "DynamicQuantizeLinear's range in the producer")."""
+    writers: dict = {}
+    for op in prog.ops:
+        writers.setdefault(prog.root(op.out), []).append(op)
+    for op in prog.ops:
+        if not isinstance(op, QuantizeWords):
+            continue
+        src = _permuted(op.prologues[op.x], op.n) if op.x in op.prologues else op.x
+        root = prog.root(src) if src else None
+        t, ws = (prog.tensors[root], writers.get(root, [])) if root else (None, [])
+        if t is None or t.kind != "temp" or t.dtype != "f32" or t.rounded or len(ws) != 1 or ws[0].out != root \
+                or not isinstance(ws[0], RANGE_PRODUCERS) or _numel(t.shape) != op.n:
+            continue
+        t.ranges = True
+        op.partials = src
+    return prog
+
+
+def _permuted(expr, n: int) -> str | None:
+    """The tensor an expression of `o` reads, where it is one load of it whose index takes every
+    value of [0, n) once as o does (a transpose, a reshape): then its values are the tensor's."""
+    if expr.op != "load" or expr.dtype != "f32":
+        return None
+    ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.floor_divide, "mod": np.mod,
+           "min": np.minimum, "max": np.maximum}
+    memo: dict = {}
+
+    def value(e):       # the index over o = 0 .. n-1, as int64 (None: not plain integer arithmetic)
+        if e not in memo:
+            if e.op == "const" and e.dtype == "i32":
+                memo[e] = np.int64(e.attr)
+            elif e is O:
+                memo[e] = np.arange(n, dtype=np.int64)
+            elif e.op in ops and e.dtype == "i32":
+                a, c = value(e.args[0]), value(e.args[1])
+                bad = a is None or c is None or e.op in ("div", "mod") and (np.any(a < 0) or np.any(c <= 0))
+                memo[e] = None if bad else ops[e.op](a, c)
+            else:
+                memo[e] = None
+        return memo[e]
+    index = value(expr.args[0])
+    if index is None or np.shape(index) != (n,) or index.min() < 0 or index.max() >= n:
+        return None
+    return expr.attr if np.unique(index).size == n else None
 
 
 def pack_constants(prog: Program) -> Program:

@@ -109,6 +109,8 @@ class Tensor:
                                      # (lowering.round_narrow_outputs); f16 ones may be stored as halves
     form: str | None = None          # constants held in a plain type but shipped narrower, as inspect reports
                                      # them: 'i8' / 'u8' for 8-bit weights packed four to a word (ops/quant.py)
+    ranges: bool = False             # the RANGE_SLOTS tail after the values (below): its producer reduces
+                                     # a DynamicQuantizeLinear's range there (compiler/passes.py ranges_from_producers)
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +119,14 @@ class Tensor:
             from .packing import PACKS
             per_word = 32 // PACKS[self.pack].bits
             return 4 * -(-upper(numel(self.shape)) // per_word)
-        return 4 * upper(numel(self.shape))
+        return 4 * upper(numel(self.shape)) + (16 * (RANGE_SLOTS + 1) if self.ranges else 0)
+
+
+# A DynamicQuantizeLinear's range reduced where its input is written: after the n values (n % 4 == 0)
+# of a tensor with `ranges` come RANGE_SLOTS + 1 vec4s, the first holding (as f32) how many slots its
+# producer wrote (0: none; the range-pack then scans the values), slot i + 1 the minima of x and of -x
+# over what workgroup i stored (wgsl_codegen/kernels/quant_range.py)
+RANGE_SLOTS = 1024
 
 
 @dataclass
@@ -394,6 +403,8 @@ class QuantizeWords(Anchor):
     (kernels/matmul_int8.py build_quantize_words; compiler/ops/quant.py)."""
     x: str = ""
     n: int = 0
+    partials: str = ""          # the tensor whose tail holds x's range, reduced by its producer: x, or
+                                # the tensor x's prologue permutes (Tensor.ranges)
 
     def inputs(self):
         return [self.x]

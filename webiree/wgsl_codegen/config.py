@@ -298,6 +298,9 @@ def _one_per_output(strategy):
     return plan
 
 
+PARTIAL_WORDS = 2
+
+
 def _range_pack(op, limits: dict):
     # every workgroup reduces all of x, then packs `words` words per invocation: a GPU runs 16
     # workgroups of as many invocations as it allows (up to 1,024: each re-reads x from L2: one
@@ -307,6 +310,9 @@ def _range_pack(op, limits: dict):
     cpu = limits.get("device_class") == "cpu"
     groups, n4 = (4 if cpu else 16), op.n // 4
     wg = _pow2_at_most(inv, 64 if cpu else 1024)
+    if op.partials and not cpu:     # the range comes reduced per producing workgroup: a GPU spreads the
+        wg = _pow2_at_most(inv, 256)    # packing wide, PARTIAL_WORDS words an invocation
+        groups = max(1, -(-n4 // (wg * PARTIAL_WORDS)))
     while True:
         words = max(1, -(-n4 // (wg * groups)))
         if -(-n4 // (wg * range_unroll(limits))) + words <= SERIAL_LOOP_ITERATIONS:

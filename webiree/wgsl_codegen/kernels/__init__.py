@@ -24,7 +24,7 @@ from ...errors import LimitsError
 from ...ir import kir
 from ...ir import program as P
 from ...errors import CompilerBug
-from . import attention, conv, matmul, matmul_chain
+from . import attention, conv, matmul, matmul_chain, quant_range
 from .attention import build_attention
 from .common import Binder, Dispatch, KernelConfig, Strategy, grid_for
 from .conv import build_conv
@@ -66,6 +66,8 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     builder = BUILDERS[type(op)]
     b = Binder(prog, getattr(op, "prologues", None))
     body, shared, grid = builder(op, prog, cfg, limits, b)
+    if prog.tensors[prog.root(op.out)].ranges:     # a DynamicQuantizeLinear's range, reduced where it is written
+        body, shared = quant_range.record(op, prog, b, body, shared, grid, cfg.workgroup_size, limits)
     body = b.bind_dims(body)
     bindings = b.bindings(op.out)
     body = kir.hoist_invariants(body, {bd.name for bd in bindings if bd.writes})

@@ -23,6 +23,7 @@ from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
 from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, slice_fill, split_k_store
+from . import quant_range
 from .pool_reduce import min_nan, tree
 
 ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four bytes
@@ -395,7 +396,10 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
 
     On a GPU each workgroup streams all of x through one compute unit, so the scan is written for
     loads in flight: range_unroll vec4 loads an iteration with no branch between them, and the
-    words' loads likewise before their stores (a load inside an `if` waits for the branch)."""
+    words' loads likewise before their stores (a load inside an `if` waits for the branch).
+
+    Where x's producer reduced the range (op.partials: kernels/quant_range.py), each workgroup
+    reads the producer's workgroups' minima instead, and scans x only where none were stored."""
     wg, per = cfg.workgroup_size[0], cfg.tile.words
     n4 = op.n // 4
     out = b.name(op.out)
@@ -417,7 +421,11 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
         else:
             step = [Let(f"v{u}", b.load4(op.x, at))] + step
             mins += step if u == 0 else [If(at < n4, step)]
-    body.append(For("i", lid(), i32(n4), loads + mins, step=wg * unroll))
+    scan_end = i32(n4)
+    if op.partials:     # the minima x's producer stored per workgroup; none stored: the scan below
+        reads, scan_end = quant_range.read(b, op.partials, op.partials == op.x, n4, wg, "lo0", "nh0")
+        body += reads
+    body.append(For("i", lid(), scan_end, loads + mins, step=wg * unroll))
     lo, nh = lvar("lo0", "f32"), lvar("nh0", "f32")
     for u in range(1, unroll):
         lo, nh = min_nan(lo, lvar(f"lo{u}", "f32")), min_nan(nh, lvar(f"nh{u}", "f32"))

@@ -65,11 +65,12 @@ def build_pool(op: P.Pool, prog, cfg, limits, b: Binder):
 # --- workgroup-tree reductions -------------------------------------------------
 
 
-def tree(shared: str, wg: int, combine, value: kir.Expr, dtype: str, extra=None, twin=None):
-    """Reduce one value per invocation across the workgroup; the result ends in shared[0].
-    `extra` = (shared2, value2) carries a second lane (argmax's index); `twin` = (shared2,
-    value2) is a second value reduced alike, in the same steps (one barrier a step for both)."""
-    li = lid()
+def tree(shared: str, wg: int, combine, value: kir.Expr, dtype: str, extra=None, twin=None, li=None):
+    """Reduce one value per invocation across the workgroup (wg a power of 2); the result ends
+    in shared[0]. `extra` = (shared2, value2) carries a second lane (argmax's index); `twin` =
+    (shared2, value2) is a second value reduced alike, in the same steps (one barrier a step for
+    both). li: the invocation's index in the workgroup (default its x: a 1-D workgroup)."""
+    li = lid() if li is None else li
     stmts = [SStore(shared, li, value)]
     if extra:
         stmts.append(SStore(extra[0], li, extra[1]))
