@@ -82,12 +82,8 @@ def check_dispatch_limits(dispatches, lim: dict) -> None:
 
 
 def shared_bytes(kernel) -> int:
-    """Workgroup memory a kernel declares (every element is 4 bytes; vectors count their lanes)."""
-    total = 0
-    for a in kernel.shared:
-        lanes = 4 if str(getattr(a, "dtype", "")).startswith("vec4") else 1
-        total += 4 * lanes * int(a.size)
-    return total
+    """Workgroup memory a kernel declares (kernels/common.py arrays_bytes)."""
+    return K.arrays_bytes(kernel.shared)
 
 
 def _choose(op, prog, lim):

@@ -298,7 +298,7 @@ def _one_per_output(strategy):
     return plan
 
 
-PARTIAL_WORDS = 2
+PARTIAL_WORDS = 2      # words an invocation of a GPU's range-pack packs where x's producer reduced the range
 
 
 def _range_pack(op, limits: dict):

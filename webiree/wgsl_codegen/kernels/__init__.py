@@ -26,7 +26,7 @@ from ...ir import program as P
 from ...errors import CompilerBug
 from . import attention, conv, matmul, matmul_chain, quant_range
 from .attention import build_attention
-from .common import Binder, Dispatch, KernelConfig, Strategy, grid_for
+from .common import Binder, Dispatch, KernelConfig, Strategy, arrays_bytes, grid_for
 from .conv import build_conv
 from .elementwise import build_generic
 from .loop import build_loop
@@ -79,4 +79,4 @@ def build(op: P.Op, prog: P.Program, cfg: KernelConfig, limits: dict) -> Dispatc
     return Dispatch(op.name, op.kind, list(op.nodes), kernel, cfg, grid, b.tensors)
 
 
-__all__ = ["BUILDERS", "Dispatch", "KernelConfig", "Strategy", "build", "check", "grid_for"]
+__all__ = ["BUILDERS", "Dispatch", "KernelConfig", "Strategy", "arrays_bytes", "build", "check", "grid_for"]

@@ -313,6 +313,11 @@ def _rule(rules: dict, key: kir.Expr, value: kir.Expr) -> None:
         rules[key] = value
 
 
+def arrays_bytes(shared) -> int:
+    """Workgroup memory of kir.SharedArrays (every element is 4 bytes; vectors count their lanes)."""
+    return sum(4 * (4 if str(a.dtype).startswith("vec4") else 1) * int(a.size) for a in shared)
+
+
 def grid_for(n_groups, limits: dict) -> tuple:
     """(x, y, 1) workgroups covering n_groups (folded over y above the per-dimension cap); for a
     symbolic count the same folding as size expressions (the module computes them per run)."""

@@ -19,8 +19,9 @@ from ...ir import kir
 from ...ir import program as P
 from ...ir.kir import Assign, Decl, For, If, Let, Store, i32, lvar
 from ...ir.sym import upper
-from .common import Binder, lid
+from .common import Binder, arrays_bytes, lid
 from .pool_reduce import min_nan, tree
+
 
 def _tail_store(b: Binder, root: str, index4, lanes) -> list:
     """Stores of the f32 values `lanes` at the start of vec4 `index4` of the tensor `root`,
@@ -63,11 +64,10 @@ def record(op: P.Op, prog: P.Program, b: Binder, body: list, shared: list, grid,
     outs = {b.name(root, vec) for key, vec in ((root, False), (root, True)) if (key, vec) in b.slots}
     wg = math.prod(workgroup_size)
     groups = math.prod(upper(g) for g in grid)
-    used = sum(4 * (4 if str(a.dtype).startswith("vec4") else 1) * int(a.size) for a in shared)
     wid = kir.cast((kir.WID[2] * kir.NWG[1] + kir.WID[1]) * kir.NWG[0] + kir.WID[0], "i32")
     li = kir.cast(kir.LINDEX, "i32")
     first = kir.binary("and", kir.binary("eq", wid, i32(0)), kir.binary("eq", li, i32(0)))
-    if groups > P.RANGE_SLOTS or wg & (wg - 1) or used + 8 * wg > limits["max_compute_workgroup_storage_size"]:
+    if groups > P.RANGE_SLOTS or wg & (wg - 1) or arrays_bytes(shared) + 8 * wg > limits["max_compute_workgroup_storage_size"]:
         return body + [If(first, _tail_store(b, root, i32(n4), [kir.f32(0.0)]))], shared
     inf = kir.const(float("inf"), "f32")
     count = kir.cast(kir.NWG[0] * kir.NWG[1] * kir.NWG[2], "f32")
