@@ -680,14 +680,13 @@ def test_dynamic_quantization_reads_its_range_from_the_producer(tmp_path, monkey
     got, res, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)
     packs = [op for op in res.program.ops if isinstance(op, P.QuantizeWords)]
     assert len(packs) == 3 and all(op.partials for op in packs), [(op.name, op.partials) for op in packs]
-    by_out = {res.program.root(d.name and op.out): d for op, d in zip(res.program.ops, res.dispatches)}
-    recording = [d.name for t, d in by_out.items() if res.program.tensors[t].ranges
-                 and any(a.name == "qrlo_s" for a in d.kernel.shared)]
-    assert len(recording) == 3, recording
+    plans = [d["precision"] for d in res.module.info["dispatches"]]
+    assert sum(p.endswith(", records its result's range") for p in plans) == 3, plans
+    assert sum(p.endswith(", range from its producer") for p in plans) == 3, plans
     with monkeypatch.context() as mp:
         mp.setattr(P, "RANGE_SLOTS", 1)         # every producer has more workgroups than that
         few, res_few, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)
-    assert not any(a.name == "qrlo_s" for d in res_few.dispatches for a in d.kernel.shared)
+    assert sum(d["precision"].endswith(", records no range") for d in res_few.module.info["dispatches"]) == 3
     with monkeypatch.context() as mp:
         mp.setattr(passes, "ranges_from_producers", lambda prog: prog)
         plain, res_plain, _ = compile_and_run(m, feeds, tmp_path, limits=limits, targets=targets)

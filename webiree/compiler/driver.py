@@ -398,7 +398,8 @@ def _precision(op, prog, kernel=None) -> str:
     """The dispatch's precision plan, as inspect shows it: what it computes and accumulates in, the
     storage forms of the weights it reads (ir/packing.py), the narrow type its result is rounded to
     and whether it reads or writes activations stored as halves (compiler/half_storage.py), and then
-    computes sums and products of halves in f16 (half_storage.half_arithmetic)."""
+    computes sums and products of halves in f16 (half_storage.half_arithmetic); whether it records
+    its result's range for a range-pack, or the range-pack reads it (kernels/quant_range.py)."""
     consts = [prog.tensors[prog.root(r)] for r in op.reads() if prog.tensors[prog.root(r)].kind == "const"]
     forms = sorted({t.pack or t.form for t in consts if t.pack or t.form})
     exprs = [getattr(op, "expr", None), getattr(op, "epilogue", None), getattr(op, "result", None)]
@@ -415,6 +416,10 @@ def _precision(op, prog, kernel=None) -> str:
         plan += ", activations stored as f16"
         if half_storage.half_arithmetic_ops(kernel):
             plan += ", sums and products of halves in f16"
+    if kernel is not None and prog.tensors[prog.root(op.out)].ranges:     # kernels/quant_range.py
+        plan += ", records its result's range" if K.quant_range.records(kernel) else ", records no range"
+    if getattr(op, "partials", ""):
+        plan += ", range from its producer"
     return plan
 
 

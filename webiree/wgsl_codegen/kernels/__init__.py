@@ -16,6 +16,9 @@ WGSL by wgsl.py and to SPIR-V by spirv.py.
 | pool / reduce   | Pool, Reduce         | pool_reduce.py  |
 | norm / softmax  | Softmax, LayerNorm   | norm_softmax.py |
 | loop            | Loop                 | loop.py         |
+
+The kernel that writes a DynamicQuantizeLinear's input also records its range where the program
+says so (Tensor.ranges): quant_range.py rewrites whichever builder's kernel that is.
 """
 
 from __future__ import annotations

@@ -23,6 +23,14 @@ from .common import Binder, arrays_bytes, lid
 from .pool_reduce import min_nan, tree
 
 
+TREE = "qrlo_s"        # the recording's workgroup memory (and `TREE + "_neg"`)
+
+
+def records(kernel: kir.Kernel) -> bool:
+    """Whether a kernel records its result's range (False: it stores a count of 0)."""
+    return any(a.name == TREE for a in kernel.shared)
+
+
 def _tail_store(b: Binder, root: str, index4, lanes) -> list:
     """Stores of the f32 values `lanes` at the start of vec4 `index4` of the tensor `root`,
     through the binding its kernel already has (a vec4 one, else the scalar one)."""
@@ -72,11 +80,11 @@ def record(op: P.Op, prog: P.Program, b: Binder, body: list, shared: list, grid,
     inf = kir.const(float("inf"), "f32")
     count = kir.cast(kir.NWG[0] * kir.NWG[1] * kir.NWG[2], "f32")
     body = [Decl("qrlo", "f32", inf), Decl("qrnh", "f32", inf)] + _track(body, outs, itertools.count())
-    body += tree("qrlo_s", wg, min_nan, lvar("qrlo", "f32"), "f32", twin=("qrnh_s", lvar("qrnh", "f32")), li=li)
-    mins = [kir.sload("qrlo_s", i32(0), "f32"), kir.sload("qrnh_s", i32(0), "f32")]
+    body += tree(TREE, wg, min_nan, lvar("qrlo", "f32"), "f32", twin=(TREE + "_neg", lvar("qrnh", "f32")), li=li)
+    mins = [kir.sload(TREE, i32(0), "f32"), kir.sload(TREE + "_neg", i32(0), "f32")]
     body.append(If(kir.binary("eq", li, i32(0)), _tail_store(b, root, n4 + 1 + wid, mins)))
     body.append(If(first, _tail_store(b, root, i32(n4), [count])))
-    return body, shared + [kir.SharedArray("qrlo_s", "f32", wg), kir.SharedArray("qrnh_s", "f32", wg)]
+    return body, shared + [kir.SharedArray(TREE, "f32", wg), kir.SharedArray(TREE + "_neg", "f32", wg)]
 
 
 def read(b: Binder, t: str, vec: bool, n4: int, wg: int, lo: str, nh: str) -> tuple[list, kir.Expr]:
