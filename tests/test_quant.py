@@ -697,3 +697,22 @@ def test_dynamic_quantization_reads_its_range_from_the_producer(tmp_path, monkey
         np.testing.assert_array_equal(g_, p_)
         np.testing.assert_array_equal(f_, p_)
         np.testing.assert_allclose(g_, r, rtol=1e-2, atol=2e-2 * float(np.abs(r).max()))
+
+
+def test_a_range_pack_reads_the_range_of_a_permutation_only():
+    """passes._permuted: the tensor a range-pack's prologue reads, where that prologue is one load
+    whose index takes every value of [0, n) once (a transpose: its values are the tensor's, so is
+    its range); a shifted window, a broadcast, arithmetic on the value or an index the check
+    cannot evaluate give None (the range-pack then scans its input)."""
+    from webiree.compiler.passes import _permuted
+    from webiree.ir import kir
+    from webiree.ir.program import O
+    n = 4 * 3 * 8
+    heads = (O // 8 % 3) * 32 + (O // 24) * 8 + O % 8          # [4, 3, 8] -> [3, 4, 8]
+    assert _permuted(kir.load("t", heads, "f32"), n) == "t"
+    assert _permuted(kir.load("t", O, "f32"), n) == "t"
+    assert _permuted(kir.load("t", O + 1, "f32"), n) is None              # a window shifted by one
+    assert _permuted(kir.load("t", O % 16, "f32"), n) is None             # a broadcast
+    assert _permuted(kir.load("t", O, "f32") * 2.0, n) is None            # not the tensor's values
+    assert _permuted(kir.load("t", kir.binary("shr", O, kir.i32(1)), "f32"), n) is None
+    assert _permuted(kir.load("t", O, "i32"), n) is None
