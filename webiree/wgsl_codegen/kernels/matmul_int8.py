@@ -23,7 +23,7 @@ from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
 from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, slice_fill, split_k_store
-from . import quant_range
+from .quant_range import read_range
 from .pool_reduce import min_nan, tree
 
 ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four bytes
@@ -423,7 +423,7 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
             mins += step if u == 0 else [If(at < n4, step)]
     scan_end = i32(n4)
     if op.partials:     # the minima x's producer stored per workgroup; none stored: the scan below
-        reads, scan_end = quant_range.read(b, op.partials, op.partials == op.x, n4, wg, "lo0", "nh0")
+        reads, scan_end = read_range(b, op.partials, op.partials == op.x, n4, wg, "lo0", "nh0")
         body += reads
     body.append(For("i", lid(), scan_end, loads + mins, step=wg * unroll))
     lo, nh = lvar("lo0", "f32"), lvar("nh0", "f32")

@@ -6,7 +6,7 @@ stores and of their negations, the workgroup reduces both in one tree at the end
 invocation stores them in the workgroup's slot of the tail after the values; workgroup 0 also
 stores how many slots were written. A producer whose workgroups outnumber the slots, whose
 workgroup is not a power of 2 or whose workgroup memory has no room for the tree stores a count
-of 0, and the range-pack then scans the values itself. `read` is the range-pack's side
+of 0, and the range-pack then scans the values itself. `read_range` is the range-pack's side
 (kernels/matmul_int8.py build_quantize_words). The tail's layout: ir/program.py RANGE_SLOTS."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def record(op: P.Op, prog: P.Program, b: Binder, body: list, shared: list, grid,
     return body, shared + [kir.SharedArray(TREE, "f32", wg), kir.SharedArray(TREE + "_neg", "f32", wg)]
 
 
-def read(b: Binder, t: str, vec: bool, n4: int, wg: int, lo: str, nh: str) -> tuple[list, kir.Expr]:
+def read_range(b: Binder, t: str, vec: bool, n4: int, wg: int, lo: str, nh: str) -> tuple[list, kir.Expr]:
     """The range-pack's reads of the slots of t (after n4 vec4s of values), strided over its wg
     invocations and folded into its minima `lo` and `nh` (declared f32 locals), through t's vec4
     binding (`vec`: the range-pack's x itself) or its scalar one (the tensor x's prologue reads);
