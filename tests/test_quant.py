@@ -218,6 +218,19 @@ def _matmul_integer(m, k, n, a_type, b_type, a_zp, b_zp, seed=0):
     return model, feeds
 
 
+def _assert_packed(res, side: str) -> None:
+    """An integer product and the packing of its operand `side` into words: one dispatch with
+    GPU kernels (the product packs it where it loads it: passes.pack_in_products), the packing
+    and then the product with a CPU renderer's."""
+    kinds = [(d.kind, d.nodes) for d in res.dispatches]
+    if res.limits.get("device_class") == "cpu":
+        assert [k for k, _ in kinds] == ["generic", "matmul"], kinds
+    else:
+        assert [k for k, _ in kinds] == ["matmul"], kinds
+        assert res.module.info["dispatches"][0]["precision"].endswith(f", packs {side} in its loads"), \
+            res.module.info["dispatches"][0]["precision"]
+
+
 INT_RANGE = {T.UINT8: (0, 256), T.INT8: (-128, 128)}
 NP_INT = {T.UINT8: np.uint8, T.INT8: np.int8}
 # (m, k, n, A's type, B's type, A's zero point, B's zero point): quantize_dynamic's QInt8 and
@@ -242,7 +255,7 @@ def test_integer_product_equals_onnxruntime(tmp_path, case, limits):
     assert got.dtype == np.int32 and got.shape == ref.shape
     np.testing.assert_array_equal(got, ref)
     (d,) = [d for d in res.dispatches if d.kind == "matmul"]
-    assert [x.kind for x in res.dispatches] == ["generic", "matmul"]      # A packed, then the product
+    _assert_packed(res, "A")
     assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
     assert d.config.strategy.value in {"gpu": {"tiled-shared", "split-k"}, "cpu": {"register-blocked"},
                                        "adapter": {"subgroup-broadcast"}}[limits], d.config
@@ -334,7 +347,7 @@ def test_qlinear_matmul_with_constant_weights_is_an_integer_product(tmp_path):
     (ref,) = ort_run(model, feeds)
     np.testing.assert_array_equal(got, ref)
     assert 0 < int((ref == 0).sum() + (ref == 255).sum()), "the case should saturate somewhere"
-    assert [d.kind for d in res.dispatches] == ["generic", "matmul"]
+    _assert_packed(res, "A")
     assert res.module.limits.get("packed_4x8_integer_dot_product") == 1
 
 
@@ -374,7 +387,7 @@ def test_pointwise_conv_integer_is_one_exact_integer_product(tmp_path, case, lim
     (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
     assert got.dtype == np.int32 and got.shape == exact.shape
     np.testing.assert_array_equal(got, exact)
-    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    _assert_packed(res, "B")
     (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
     assert d["precision"].startswith("int8 products in i32"), d["precision"]
     if case is POINTWISE[0]:
@@ -414,7 +427,7 @@ def test_pointwise_qlinear_conv_is_an_integer_product(tmp_path):
     (ref,) = ort_run(model, feeds)
     np.testing.assert_array_equal(got, ref)
     assert 0 < int((ref == 0).sum() + (ref == 255).sum()) < ref.size, "the case should saturate somewhere"
-    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    _assert_packed(res, "B")
 
 
 def _qdq_conv(x_type, w_type, per_channel, images=1, c=48, o=20, hw=(7, 7), seed=11):
@@ -444,13 +457,14 @@ def _qdq_conv(x_type, w_type, per_channel, images=1, c=48, o=20, hw=(7, 7), seed
     return model, {"x": (rng.standard_normal((images, c) + hw) * 2).astype(np.float32)}
 
 
-def _check_qdq_integer(model, feeds, tmp_path):
-    """onnxruntime's f32 result to its rounding, from two dispatches (the activation's words, then
-    the integer product with its dequantization in the epilogue)."""
+def _check_qdq_integer(model, feeds, tmp_path, side):
+    """onnxruntime's f32 result to its rounding, from the integer product with its dequantization
+    in the epilogue, packing the activation's words (operand `side`) where it loads them (a CPU
+    renderer's: after a dispatch that packs them)."""
     (got,), res, _ = compile_and_run(model, feeds, tmp_path)
     (ref,) = ort_run(model, feeds)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    assert [d.kind for d in res.dispatches] == ["generic", "matmul"], [(d.kind, d.nodes) for d in res.dispatches]
+    _assert_packed(res, side)
     (d,) = [d for d in res.module.info["dispatches"] if d["kind"] == "matmul"]
     assert d["precision"].startswith("int8 products in i32, result f32"), d["precision"]
 
@@ -463,7 +477,7 @@ def test_qdq_pointwise_conv_is_an_integer_product(tmp_path, x_type, w_type, per_
     QuantizeLinear is computed where its words are packed: two dispatches, equal to onnxruntime's
     f32 result to its rounding (f32 sums of products of dequantized values), and exactly to the
     integer sum scaled."""
-    _check_qdq_integer(*_qdq_conv(x_type, w_type, per_channel), tmp_path)
+    _check_qdq_integer(*_qdq_conv(x_type, w_type, per_channel), tmp_path, "B")
 
 
 def test_qdq_conv_that_is_not_pointwise_sums_in_f32(tmp_path):
@@ -524,7 +538,7 @@ def test_qdq_product_is_an_integer_product(tmp_path, op, x_type, shape, per_colu
     """A QDQ MatMul or Gemm with int8 weights (ops/quant.py qdq_matmul): the activation quantized
     and packed once, the integer product, x_scale * w_scale[n] (and a Gemm's bias) in its epilogue:
     two dispatches, onnxruntime's f32 result to its rounding."""
-    _check_qdq_integer(*_qdq_product(op, x_type, shape, shape[-1], 24, per_column), tmp_path)
+    _check_qdq_integer(*_qdq_product(op, x_type, shape, shape[-1], 24, per_column), tmp_path, "A")
 
 
 def test_qdq_product_with_k_not_a_multiple_of_4_sums_in_f32(tmp_path):
@@ -539,16 +553,18 @@ def test_qdq_product_with_k_not_a_multiple_of_4_sums_in_f32(tmp_path):
 
 @pytest.mark.parametrize("limits", ["default", "cpu"])
 def test_layers_that_differ_in_their_scales_share_one_executable(tmp_path, limits):
-    """Three layers of quantize_dynamic's projections, alike but for their per-tensor weight scales
+    """Four layers of quantize_dynamic's projections, alike but for their per-tensor weight scales
     (which lowering writes into a kernel as literals): each product reads its scale from a small
-    constant of its own (passes.lift_literals), so the first two (each writing the next layer's
+    constant of its own (passes.lift_literals), so the first three (each writing the next layer's
     input, whose range it records: passes.ranges_from_producers) run one executable; the last,
-    whose result no range-pack reads, is a kernel of its own and keeps its literal. Equal to
-    onnxruntime."""
+    whose result no range-pack reads, is a kernel of its own and keeps its literal. On a GPU the
+    products after the first quantize their A themselves (passes.pack_in_products): one
+    range-pack, four products, the second and third one executable. Equal to onnxruntime."""
     rng = np.random.default_rng(5)
     m_, k = 32, 128         # (column sums and biases of 128 values: bound, not in the constant table)
     nodes, inits = [], []
-    for layer, (x, y, w_scale) in enumerate([("x", "h", 0.003), ("h", "h2", 0.01), ("h2", "y", 0.02)]):
+    for layer, (x, y, w_scale) in enumerate([("x", "h", 0.003), ("h", "h2", 0.01), ("h2", "h3", 0.015),
+                                             ("h3", "y", 0.02)]):
         p = f"l{layer}_"
         w = rng.integers(-127, 128, size=(k, k)).astype(np.int8)
         inits += [helper.make_tensor(p + "w", T.INT8, [k, k], w.tobytes(), raw=True),
@@ -568,11 +584,17 @@ def test_layers_that_differ_in_their_scales_share_one_executable(tmp_path, limit
     (ref,) = ort_run(m, feeds)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     info = res.module.info["dispatches"]
-    assert [d["kind"] for d in info] == ["quantizewords", "matmul"] * 3, info
-    assert info[1]["exec"] == info[3]["exec"] != info[5]["exec"], info
+    if limits == "cpu":
+        assert [d["kind"] for d in info] == ["quantizewords", "matmul"] * 4, info
+        assert info[1]["exec"] == info[3]["exec"] == info[5]["exec"] != info[7]["exec"], info
+    else:
+        assert [d["kind"] for d in info] == ["quantizewords"] + ["matmul"] * 4, info
+        assert [d["precision"].endswith(", quantizes A in its loads (range from its producer)") for d in info] \
+            == [False, False, True, True, True], info
+        assert info[1]["exec"] != info[2]["exec"] == info[3]["exec"] != info[4]["exec"], info
     lifted = sorted(round(float(np.asarray(t.data[:1], np.uint32).view(np.float32)[0]), 6)
                     for t in res.program.tensors.values() if t.name.endswith(":literals"))
-    assert lifted == [0.003, 0.01], lifted
+    assert lifted == [0.003, 0.01, 0.015], lifted
 
 
 @pytest.mark.parametrize("limits", ["default", "cpu"])
@@ -616,11 +638,16 @@ def test_qdq_layers_that_differ_in_scales_and_zero_points_share_executables(tmp_
     np.testing.assert_allclose(got, ref, rtol=0, atol=2 * 128 * 0.3 * 0.004)
     assert np.mean(np.abs(got - ref) > 1e-4 * np.abs(ref).max()) < 0.2
     info = res.module.info["dispatches"]
-    assert [d["kind"] for d in info] == ["generic", "matmul"] * 3, info
-    assert len(res.module.executables) == 4 and len(res0.module.executables) == 5, ([d["exec"] for d in info], [d["exec"] for d in res0.module.info["dispatches"]])
-    # the second and third packings share one executable (the products of the first two layers,
-    # with no epilogue of their own, do without the pass too)
-    assert info[2]["exec"] == info[4]["exec"] and info[1]["exec"] == info[3]["exec"], info
+    execs = ([d["exec"] for d in info], [d["exec"] for d in res0.module.info["dispatches"]])
+    if limits == "cpu":
+        assert [d["kind"] for d in info] == ["generic", "matmul"] * 3, info
+        assert len(res.module.executables) == 4 and len(res0.module.executables) == 5, execs
+        # the second and third packings share one executable (the products of the first two layers,
+        # with no epilogue of their own, do without the pass too)
+        assert info[2]["exec"] == info[4]["exec"] and info[1]["exec"] == info[3]["exec"], info
+    else:   # each product packs its A (passes.pack_in_products); the last one's epilogue dequantizes y
+        assert [d["kind"] for d in info] == ["matmul"] * 3, info
+        assert execs == ([0, 1, 2], [0, 1, 2]), execs
     lifted = [np.asarray(t.data, np.uint32) for t in res.program.tensors.values() if t.name.endswith(":literals")]
     assert len(lifted) == 2, [t.name for t in res.program.tensors.values() if t.name.endswith(":literals")]
     # the packings' zero points among their words (the second and third layers': 120 and 125)
@@ -631,7 +658,8 @@ def _producers_model(rng, m_: int, k: int, heads: int):
     """Three range-packs, each of another producer's result: a LayerNormalization, a product with
     its bias and Relu, and a batched product whose heads a Transpose and a Reshape put back side by
     side (attention's context: the range-pack's prologue permutes the product's result). Each
-    packing feeds a MatMulInteger, dequantized; the results and the three scales are outputs."""
+    packing feeds a MatMulInteger, dequantized; the results and the results divided by the
+    activations' scales are outputs."""
     d = k // heads
     f = lambda a: helper.make_tensor(f"c{next(_ids)}", T.FLOAT, list(a.shape), a.ravel().tolist())
     ln_s, ln_b = f(rng.standard_normal(k).astype(np.float32)), f(rng.standard_normal(k).astype(np.float32))
@@ -649,7 +677,7 @@ def _producers_model(rng, m_: int, k: int, heads: int):
     outs = []
     for i, src in enumerate(["ln", "act", "att"]):
         more, inits_i = _dynamic_projections(rng, k, k, [f"y{i}"])
-        rename = {"x": src, "xq": f"q{i}", "xs": f"s{i}", "xz": f"z{i}"}
+        rename = {"x": src, "xq": f"q{i}", "xs": f"xs{i}", "xz": f"z{i}"}
         for node in more:
             node.input[:] = [rename.get(a, a if a.startswith(f"y{i}") else f"{a}_{i}") for a in node.input]
             node.output[:] = [rename.get(a, a if a.startswith(f"y{i}") else f"{a}_{i}") for a in node.output]
@@ -657,7 +685,9 @@ def _producers_model(rng, m_: int, k: int, heads: int):
             t.name = f"{t.name}_{i}"
         nodes += more
         inits += inits_i
-        outs += [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [m_, k]), helper.make_tensor_value_info(f"s{i}", T.FLOAT, [])]
+        # the result in steps of A's scale: a read of the scale after the product (as attention's of Q's)
+        nodes.append(helper.make_node("Div", [f"y{i}", f"xs{i}"], [f"r{i}"]))
+        outs += [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [m_, k]), helper.make_tensor_value_info(f"r{i}", T.FLOAT, [m_, k])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [m_, k])], outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
 
@@ -672,7 +702,10 @@ def test_dynamic_quantization_reads_its_range_from_the_producer(tmp_path, monkey
     (passes.ranges_from_producers, kernels/quant_range.py), and give bit for bit the values of the
     build without the pass, and of a build whose producers have more workgroups than the slots
     (each records none, and the range-pack scans its input), for WGSL; onnxruntime's within a
-    rounding step, also for SPIR-V."""
+    rounding step, also for SPIR-V. With GPU kernels each product quantizes its A itself from
+    those minima (or, with none recorded, by scanning x) and stores the scale and zero point
+    after the words, which the later divisions by the scales read; no range-pack runs
+    (passes.pack_in_products)."""
     from webiree.compiler import passes
     from webiree.ir import program as P
     rng = np.random.default_rng(17)
@@ -683,7 +716,11 @@ def test_dynamic_quantization_reads_its_range_from_the_producer(tmp_path, monkey
     assert len(packs) == 3 and all(op.partials for op in packs), [(op.name, op.partials) for op in packs]
     plans = [d["precision"] for d in res.module.info["dispatches"]]
     assert sum(p.endswith(", records its result's range") for p in plans) == 3, plans
-    assert sum(p.endswith(", range from its producer") for p in plans) == 3, plans
+    # a GPU's products quantize A themselves (passes.pack_in_products); a CPU's read the range-packs' words
+    gpu = limits == "default"
+    reads = ", quantizes A in its loads (range from its producer)" if gpu else "u32, range from its producer"
+    assert sum(p.endswith(reads) for p in plans) == 3, plans
+    assert sum(d["kind"] == "quantizewords" for d in res.module.info["dispatches"]) == (0 if gpu else 3)
     ref = ort_run(m, feeds)
     assert len(got) == len(ref) == 6
     for g_, r in zip(got, ref):

@@ -105,9 +105,11 @@ def tune(model_path, out_path, input_shapes=None, runs: int = 10, warmup: int = 
                 if not prof:
                     raise DeviceError("webiree tune needs GPU timestamps, and this adapter has no "
                                       "timestamp-query feature", hint="tune on an adapter that has it")
-                for op, ns in zip(prog.ops, prof):
-                    per_op[op.name].append(ns / 1e6)
-            return True, {n: statistics.median(v) for n, v in per_op.items()}
+                # by name: a packer whose product packs its words itself runs no dispatch (its time
+                # is the product's: 0 here, whichever configuration)
+                for d, ns in zip(sess.module.info["dispatches"], prof, strict=True):
+                    per_op[d["name"]].append(ns / 1e6)
+            return True, {n: statistics.median(v) if v else 0.0 for n, v in per_op.items()}
         finally:
             sess.close()
 

@@ -29,6 +29,7 @@ from ..target import Target
 from ..wgsl_codegen import config as C
 from ..wgsl_codegen import kernels as K
 from ..ir import kir, packing, ranges
+from ..ir import program as P
 from ..wgsl_codegen import wgsl
 from ..wgsl_codegen.legalize import legalize
 from ..wgsl_codegen.tuning import Table
@@ -295,6 +296,8 @@ def _front(stage, model, input_shapes, target: Target, dump_after, targets, dims
     passes.lift_literals(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
                          table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)))
     passes.pack_constants(prog)
+    passes.pack_in_products(prog, max_bindings=lim["max_storage_buffers_per_shader_stage"],
+                            table_below=int(lim.get("min_storage_buffer_offset_alignment", 256)))
     if "fuse" in dump_after:
         dumps["fuse"] = prog.summary()
     stage[0] = "memory"
@@ -338,6 +341,12 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
         d, text, spv = cache[(key, "f16") if halves else key]
         dispatches.append(d)
         rendered.append((text, spv))
+    # a packer whose product computes its words itself (kernels/matmul_int8.py packed_here) runs no dispatch
+    dropped = {id(q) for op, d in zip(prog.ops, dispatches) for q in K.matmul_int8.packed_here(op, d)}
+    kept = [i for i, op in enumerate(prog.ops) if id(op) not in dropped]
+    ops = [prog.ops[i] for i in kept]
+    dispatches, rendered = [dispatches[i] for i in kept], [rendered[i] for i in kept]
+    tuned_ops = [kept.index(i) for i in tuned_ops if i in kept]
     check_dispatch_limits(dispatches, lim)
     sources: dict[str, int] = {}
     executables, shaders, exec_of, spv_files = [], [], [], []
@@ -366,7 +375,7 @@ def _back(stage, front: _Front, target: Target, validate, dump_after, targets, c
         dumps["kernels"] = "\n".join(f"// ---- {f}\n{t}" for f, t in shaders)
 
     stage[0] = "schedule"
-    module = _schedule(prog, plan, dispatches, exec_of, executables, lim, front.page_offset)
+    module = _schedule(prog, ops, plan, dispatches, exec_of, executables, lim, front.page_offset)
     if tuning is not None:     # what the table did for this set of kernels (inspect shows it)
         for i in tuned_ops:
             module.info["dispatches"][i]["tuned"] = True
@@ -394,12 +403,14 @@ def _render(d, targets) -> tuple:
     return d, text, spv
 
 
-def _precision(op, prog, kernel=None) -> str:
+def _precision(op, prog, dispatch=None) -> str:
     """The dispatch's precision plan, as inspect shows it: what it computes and accumulates in, the
     storage forms of the weights it reads (ir/packing.py), the narrow type its result is rounded to
     and whether it reads or writes activations stored as halves (compiler/half_storage.py), and then
     computes sums and products of halves in f16 (half_storage.half_arithmetic); whether it records
-    its result's range for a range-pack, or the range-pack reads it (kernels/quant_range.py)."""
+    its result's range for a range-pack, or the range-pack reads it (kernels/quant_range.py); whether
+    an integer product packs (or quantizes) an operand where it loads it (passes.pack_in_products)."""
+    kernel = dispatch.kernel if dispatch is not None else None
     consts = [prog.tensors[prog.root(r)] for r in op.reads() if prog.tensors[prog.root(r)].kind == "const"]
     forms = sorted({t.pack or t.form for t in consts if t.pack or t.form})
     exprs = [getattr(op, "expr", None), getattr(op, "epilogue", None), getattr(op, "result", None)]
@@ -420,6 +431,9 @@ def _precision(op, prog, kernel=None) -> str:
         plan += ", records its result's range" if K.quant_range.records(kernel) else ", records no range"
     if getattr(op, "partials", ""):
         plan += ", range from its producer"
+    for q in K.matmul_int8.packed_here(op, dispatch) if dispatch is not None else ():
+        plan += (", quantizes A in its loads (range from its producer)" if isinstance(q, P.QuantizeWords)
+                 else f", packs {'A' if q is op.packer else 'B'} in its loads")
     return plan
 
 
@@ -451,8 +465,7 @@ def merge_variants(names, results) -> CompileResult:
         m = r.module
         for what, a, b in (("weights blob", r.weights, base.weights), ("buffers", m.buffers, m0.buffers),
                            ("inputs", m.inputs, m0.inputs), ("outputs", m.outputs, m0.outputs),
-                           ("symbols", m.symbols, m0.symbols), ("dispatch count", len(r.dispatches),
-                                                                len(base.dispatches))):
+                           ("symbols", m.symbols, m0.symbols)):
             if a != b:
                 raise CompilerBug(f"the {name} kernel variant's {what} differ from the {names[0]} variant's",
                                   hint="variants share one schedule and weights.bin; please report this")
@@ -526,7 +539,9 @@ def weights_blob(prog, plan) -> tuple[bytearray, dict]:
     return blob, page_offset
 
 
-def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
+def _schedule(prog, ops, plan, dispatches, exec_of, executables, lim, page_offset):
+    """The module of one variant: `ops` are the program's ops that run a dispatch (`dispatches`, in
+    order; a packer whose integer product packs its words itself runs none)."""
     buffers = [F.BufferInfo(b.kind, b.size, page_offset.get(i, 0), b.name) for i, b in enumerate(plan.buffers)]
 
     regs = Registers(prog.symbols, [(i, prog.tensors[n].shape) for i, n in enumerate(prog.inputs)]) \
@@ -544,7 +559,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
     commands = [(F.OP_UPLOAD_INPUT, i) for i in range(len(inputs))]
     info_dispatches = []
     from ..ir.program import op_flops
-    for d, ex, op in zip(dispatches, exec_of, prog.ops):
+    for d, ex, op in zip(dispatches, exec_of, ops, strict=True):
         binds = []
         for slot, tensor in enumerate(d.tensors):
             p = plan.placement[prog.root(tensor)]
@@ -556,7 +571,7 @@ def _schedule(prog, plan, dispatches, exec_of, executables, lim, page_offset):
         info_dispatches.append({"name": d.name, "kind": d.kind, "nodes": d.nodes, "grid": [str(g) for g in d.grid]
                                 if not is_static(d.grid) else list(d.grid),
                                 "exec": ex, "config": d.config.as_dict(), "tensors": d.tensors,
-                                "flops": op_flops(op), "precision": _precision(op, prog, d.kernel)})
+                                "flops": op_flops(op), "precision": _precision(op, prog, d)})
     commands += [(F.OP_READBACK, i) for i in range(len(outputs))]
     symbols = []
     if regs is not None:

@@ -1025,6 +1025,79 @@ def ranges_from_producers(prog: Program) -> Program:
     return prog
 
 
+def pack_in_products(prog: Program, max_bindings: int, table_below: int) -> Program:
+    """An integer product whose A is words that one op writes for it alone gets that op as
+    `MatMul.packer` (`b_packer` for B's); GPU variants then compute the words where the product
+    loads them and drop the packer's dispatch (kernels/matmul_int8.py packed_here;
+    docs/performance.md, "The packings in the products"). The packer is
+    - an elementwise quantize-and-pack (a Generic: QDQ's QuantizeLinear of an activation, with what
+      was fused into it), whose expression becomes the words' prologue; or
+    - a range-pack that reads its range from a producer (QuantizeWords with partials:
+      ranges_from_producers), which the product repeats: it reduces the producer's minima, then
+      quantizes. Other ops may read the scale and zero point after the words (attention's
+      prologue, for Q, K and V) where they run after the product, which then stores them.
+    CPU variants keep the packer's dispatch: a CPU renderer's register blocks would pack A again
+    for every block of columns. Runs last before memory planning: the product's reads then include
+    the packer's, so what it reads outlives the product in every variant."""
+    readers: dict = {}
+    for op in prog.ops:
+        for r in op.reads():
+            readers.setdefault(prog.root(r), []).append(op)
+    at = {id(op): i for i, op in enumerate(prog.ops)}
+    for q in prog.ops:
+        if not (isinstance(q, QuantizeWords) and q.partials or isinstance(q, Generic) and prog.tensors[q.out].dtype == "u32"):
+            continue
+        words = prog.root(q.out)
+        users = readers.get(words, [])
+        if words in prog.outputs or words != q.out:
+            continue
+        b_side = [u for u in users if isinstance(q, Generic) and isinstance(u, MatMul) and u.int8
+                  and prog.root(u.b) == words and prog.root(u.a) != words and not u.b_batch]
+        if len(users) == 1 and b_side:      # B's words (a QDQ convolution's image), read by this product alone
+            reads = (set(b_side[0].reads()) - {b_side[0].b, words}) | set(q.reads())
+            if _bindings(prog, reads, table_below) + 1 <= max_bindings:
+                b_side[0].b_packer = q
+            continue
+        prods = [u for u in users if isinstance(u, MatMul) and u.int8 and u.a_words and prog.root(u.a) == words]
+        if len(prods) != 1 or prods[0].batch:
+            continue
+        p = prods[0]
+        tail = {q.n // 4, q.n // 4 + 1} if isinstance(q, QuantizeWords) else set()   # the scale's and zero point's words
+
+        def tail_only(op, a=None) -> bool:      # every read of the words (but A's) is of the tail
+            if any(prog.root(t) == words for t in getattr(op, "inputs", lambda: [])()
+                   if t != a and t not in getattr(op, "prologues", {})):
+                return False
+            return all(not (prog.root(n.attr) == words) or n.args[0].op == "const" and n.args[0].attr in tail
+                       for e in _exprs_of(op) for n in kir.loads_of(e))
+        # the others read the tail after the product (which then writes it), never before
+        if not tail_only(p, p.a) or not all(tail_only(u) and at[id(u)] > at[id(p)] for u in users if u is not p):
+            continue
+        reads = (set(p.reads()) - {p.a, words}) | set(q.reads()) | {getattr(q, "partials", "")} - {""}
+        if _bindings(prog, reads | ({words} if isinstance(q, QuantizeWords) else set()), table_below) + 1 > max_bindings:
+            continue
+        p.packer = q
+    return prog
+
+
+def _exprs_of(op) -> list:
+    """Every expression an op holds (its prologues, epilogue, a Generic's rule ...)."""
+    out = []
+
+    def visit(v):
+        if isinstance(v, kir.Expr):
+            out.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+    for f in dataclasses.fields(op):
+        visit(getattr(op, f.name))
+    return out
+
+
 def _permuted(expr, n: int) -> str | None:
     """The tensor an expression of `o` reads, where it is one load of it whose index takes every
     value of [0, n) once as o does (a transpose, a reshape): then its values are the tensor's."""

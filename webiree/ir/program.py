@@ -252,9 +252,23 @@ class MatMul(Anchor):
     # kernels that read its words whole (kernels/matmul.py _nibbles): a Nibbles of the constants
     # that prologue reads; the other kernels compute B through the prologue (the same values)
     nibbles: "Nibbles | None" = None
+    # The op writing A's words, where this product alone reads them (compiler/passes.py
+    # pack_in_products): a range-pack whose range its producer recorded (QuantizeWords), or an
+    # elementwise quantize-and-pack (a Generic: QDQ's QuantizeLinear of an activation). A GPU
+    # variant computes the words in the product's loads and drops that op's dispatch; the other
+    # variants read the words. Its reads count as this product's, so they outlive the product.
+    packer: "Op | None" = None
+    b_packer: "Op | None" = None    # likewise for B's words: an elementwise packer (a QDQ convolution's image)
 
     def inputs(self):
         return [self.a, self.b]
+
+    def reads(self):
+        out = super().reads()
+        for packer in (self.packer, self.b_packer):
+            if packer is not None:
+                out += [r for r in packer.reads() + [getattr(packer, "partials", "")] if r and r not in out]
+        return out
 
 
 @dataclass

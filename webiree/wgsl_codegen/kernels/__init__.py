@@ -27,7 +27,7 @@ from ...errors import LimitsError
 from ...ir import kir
 from ...ir import program as P
 from ...errors import CompilerBug
-from . import attention, conv, matmul, matmul_chain, quant_range
+from . import attention, conv, matmul, matmul_chain, matmul_int8, quant_range
 from .attention import build_attention
 from .common import Binder, Dispatch, KernelConfig, Strategy, arrays_bytes, grid_for
 from .conv import build_conv

@@ -145,6 +145,7 @@ class Binder:
         self.prog = prog
         self.prologues = prologues or {}
         self.slots: list[tuple[str, bool]] = []
+        self.also_written: set[str] = set()     # tensors the kernel stores to besides its output
 
     def name(self, tensor: str, vec: bool = False) -> str:
         root = self.prog.root(tensor)
@@ -237,7 +238,7 @@ class Binder:
                 return "vec4u" if tensors[t].dtype == "u32" or tensors[t].pack else "vec4f"
             return "u32" if tensors[t].pack else tensors[t].dtype
         return [kir.Binding(i, f"b{i}", dtype(t, vec),
-                            writes=(t == out),
+                            writes=(t == out or t in self.also_written),
                             uniform=numel(tensors[t].shape) if tensors[t].kind == "params" else 0)
                 for i, (t, vec) in enumerate(self.slots)]
 

@@ -18,11 +18,14 @@ is not 0); the lowering adds the zero point of A times the columns' sums in the 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from ...ir import program as P
 from ...ir.program import numel
 from ...ir import kir
 from ...ir.kir import Assign, Barrier, Decl, For, If, Let, SStore, Store, i32, lvar
-from .common import Strategy, Binder, grid_for, linear_wid, lid, epilogue, slice_fill, split_k_store
+from .common import Strategy, Binder, arrays_bytes, grid_for, linear_wid, lid, epilogue, slice_fill, split_k_store
 from .quant_range import read_range
 from .pool_reduce import min_nan, tree
 
@@ -32,6 +35,10 @@ ONES = kir.const(0x01010101, "u32")      # dot4i8(a, ONES): the sum of a's four 
 def _a_word(b: Binder, op: P.MatMul, a_off, row, k4):
     """A[row, 4*k4 .. 4*k4+3] (A' for an unsigned A) packed into one word."""
     K = op.k
+    if isinstance(op.packer, P.QuantizeWords):    # quantized here from the range-pack's x (_quantizing)
+        xv = b.load4(op.packer.x, a_off // 4 + row * (K // 4) + k4, [(row, op.m), (k4, K // 4)])
+        scale, zp = lvar(QA + "scale", "f32"), lvar(QA + "zp", "i32")
+        return kir.pack4i8(*(P.dynamic_quant_value(kir.lane(xv, q), scale, zp) - 128 for q in range(4)))
     if op.a_words:
         return b.load(op.a, a_off // 4 + row * (K // 4) + k4, [(row, op.m), (k4, K // 4)])
     vals = []
@@ -44,7 +51,7 @@ def _a_word(b: Binder, op: P.MatMul, a_off, row, k4):
 
 def _b_word(b: Binder, op: P.MatMul, k4, col):
     """B's word of K values 4*k4 .. 4*k4+3 for column col."""
-    return b.load(op.b, k4 * op.n + col)
+    return b.load(op.b, k4 * op.n + col, [(k4, op.k // 4), (col, op.n)])
 
 
 def _result(op: P.MatMul, acc: str, row_sum: str | None):
@@ -73,10 +80,84 @@ def _add_row_sum(op: P.MatMul, i: int, word) -> list:
     return [Assign(f"sa{i}", lvar(f"sa{i}", "i32") + kir.dot4i8(word, ONES))] if op.b_zero else []
 
 
+QA = "qa_"      # the names of a product's own quantization of A (_quantizing)
+
+
+def packed_here(op: P.Op, d) -> list:
+    """The packers of `op` (an integer product's `packer` and `b_packer`) whose words its dispatch
+    `d` computes itself, so that they run no dispatch: a range-pack's work is in it where it has
+    the tree of `_quantizing`, an elementwise packer's where it binds no words."""
+    out = []
+    for packer in (getattr(op, "packer", None), getattr(op, "b_packer", None)):
+        if isinstance(packer, P.QuantizeWords) and any(a.name == QA + "lo_s" for a in d.kernel.shared) \
+                or isinstance(packer, P.Generic) and packer.out not in d.tensors:
+            out.append(packer)
+    return out
+
+
 def build(op: P.MatMul, prog, cfg, limits, b: Binder):
     builder = {Strategy.SUBGROUP_BROADCAST: _subgroup, Strategy.REGISTER_BLOCKED: _registers,
                Strategy.SPLIT_K: _split_k, Strategy.TILED_SHARED: _shared}[cfg.strategy]
-    return builder(op, prog, cfg, limits, b)
+    if limits.get("device_class") == "cpu":
+        return builder(dataclasses.replace(op, packer=None, b_packer=None), prog, cfg, limits, b)
+    for side, packer in (("a", op.packer), ("b", op.b_packer)):
+        if isinstance(packer, P.Generic):       # its expression is the words' prologue
+            b.prologues = {**b.prologues, getattr(op, side): packer.expr}
+    op = dataclasses.replace(op, b_packer=None, packer=op.packer if isinstance(op.packer, P.QuantizeWords) else None)
+    if op.packer is not None:
+        got = _quantizing(builder, op, prog, cfg, limits, b)
+        if got is not None:
+            return got
+    return builder(dataclasses.replace(op, packer=None), prog, cfg, limits, b)
+
+
+def _quantizing(builder, op: P.MatMul, prog, cfg, limits, b: Binder):
+    """A GPU's integer product that quantizes A itself, as its range-pack (op.packer) would: every
+    workgroup first reads the minima x's producer stored per workgroup (kernels/quant_range.py;
+    where it stored none, it scans x), reduces them in one tree and computes the scale and zero
+    point; A's words are then packed from x where they are loaded, and the epilogue's reads of the
+    scale and zero point after the words take those values. The same arithmetic as the range-pack's,
+    so the same bits; the range-pack's dispatch is dropped (compiler/driver.py _back). On a GPU
+    quantizing A again in each column block costs less than a dispatch; a CPU renderer's register
+    blocks would pay it many times over, so CPU variants keep the range-pack. None where the
+    workgroup is not a power of 2 or its memory has no room for the tree."""
+    q = op.packer
+    wg = math.prod(cfg.workgroup_size)
+    _, shared, _ = builder(dataclasses.replace(op, packer=None), prog, cfg, limits, Binder(prog, dict(b.prologues)))
+    if wg & (wg - 1) or arrays_bytes(shared) + 8 * wg > limits["max_compute_workgroup_storage_size"]:
+        return None
+    b.prologues = {**q.prologues, **b.prologues}
+    n4, li = q.n // 4, kir.cast(kir.LINDEX, "i32")
+    inf = kir.const(float("inf"), "f32")
+    lo, nh = lvar(QA + "lo", "f32"), lvar(QA + "nh", "f32")
+    pre = [Decl(QA + "lo", "f32", inf), Decl(QA + "nh", "f32", inf)]
+    reads, scan_end = read_range(b, q.partials, q.partials == q.x and q.x not in b.prologues, n4, wg,
+                                 QA + "lo", QA + "nh", li=li)
+    v = lvar(QA + "v", "vec4f")
+    scan = [Let(QA + "v", b.load4(q.x, lvar(QA + "i", "i32")))]
+    for k in range(4):
+        scan += [Assign(QA + "lo", min_nan(lo, kir.lane(v, k))), Assign(QA + "nh", min_nan(nh, -kir.lane(v, k)))]
+    pre += reads + [For(QA + "i", li, scan_end, scan, step=wg)]
+    pre += tree(QA + "lo_s", wg, min_nan, lo, "f32", twin=(QA + "nh_s", nh), li=li)
+    pre += [Let(QA + "min", kir.minimum(kir.sload(QA + "lo_s", i32(0), "f32"), kir.f32(0.0))),
+            Let(QA + "negmax", kir.minimum(kir.sload(QA + "nh_s", i32(0), "f32"), kir.f32(0.0)))]
+    x_min = lvar(QA + "min", "f32")
+    pre += [Let(QA + "scale", P.dynamic_quant_scale(x_min, lvar(QA + "negmax", "f32")))]
+    pre += [Let(QA + "zp", P.dynamic_quant_zero_point(x_min, lvar(QA + "scale", "f32")))]
+    words = prog.root(q.out)
+    after = {n4: kir.bitcast(lvar(QA + "scale", "f32"), "u32"), n4 + 1: kir.cast(lvar(QA + "zp", "i32"), "u32")}
+    wid = (kir.WID[2] * kir.NWG[1] + kir.WID[1]) * kir.NWG[0] + kir.WID[0]
+    first = kir.binary("and", kir.binary("eq", kir.cast(wid, "i32"), i32(0)), kir.binary("eq", li, i32(0)))
+    pre.append(If(first, [Store(b.name(words), i32(w), v) for w, v in after.items()]))   # the range-pack's tail
+    b.also_written.add(words)
+
+    def tail(node):     # the epilogue's reads of the scale and zero point (passes.pack_in_products)
+        if node.op == "load" and prog.root(node.attr) == words:
+            return after[node.args[0].attr]
+        return None
+    fused = dataclasses.replace(op, epilogue=op.epilogue and kir.substitute(op.epilogue, {"__fn__": tail}))
+    body, shared, grid = builder(fused, prog, cfg, limits, b)
+    return pre + body, shared + [kir.SharedArray(QA + "lo_s", "f32", wg), kir.SharedArray(QA + "nh_s", "f32", wg)], grid
 
 
 def _columns(body: list, n0, stride: int, slots: int, rm: int, rn: int, vec: int) -> list:
@@ -95,7 +176,7 @@ def _b_slot(b: Binder, op: P.MatMul, k4, slot, vec: int, name: str) -> list:
     if vec == 1:
         return [Let(f"{name}_0", _b_word(b, op, k4, slot))]
     t = b.prog.tensors[b.prog.root(op.b)]
-    if t.pack is not None or t.table_word is not None:    # a small B (tests) stored narrower
+    if t.pack is not None or t.table_word is not None or op.b in b.prologues:   # a small B (tests) stored narrower; a packed image
         return [Let(f"{name}_{q}", _b_word(b, op, k4, slot * 4 + q)) for q in range(4)]
     w = Let(f"{name}_v", b.load4u(op.b, k4 * (op.n // 4) + slot))
     return [w] + [Let(f"{name}_{q}", kir.lane(lvar(f"{name}_v", "vec4u"), q)) for q in range(4)]

@@ -87,15 +87,16 @@ def record(op: P.Op, prog: P.Program, b: Binder, body: list, shared: list, grid,
     return body, shared + [kir.SharedArray(TREE, "f32", wg), kir.SharedArray(TREE + "_neg", "f32", wg)]
 
 
-def read_range(b: Binder, t: str, vec: bool, n4: int, wg: int, lo: str, nh: str) -> tuple[list, kir.Expr]:
+def read_range(b: Binder, t: str, vec: bool, n4: int, wg: int, lo: str, nh: str, li=None) -> tuple[list, kir.Expr]:
     """The range-pack's reads of the slots of t (after n4 vec4s of values), strided over its wg
     invocations and folded into its minima `lo` and `nh` (declared f32 locals), through t's vec4
     binding (`vec`: the range-pack's x itself) or its scalar one (the tensor x's prologue reads);
-    with the end of its scan of the values: 0 where slots were written, else n4."""
+    with the end of its scan of the values: 0 where slots were written, else n4. li: the
+    invocation's index in the workgroup (default its x: a 1-D workgroup)."""
     def word(index4, q):
         return kir.lane(b.load4(t, index4), q) if vec else b.load(t, index4 * 4 + q)
     parts, s = lvar("parts", "i32"), lvar("s", "i32")
     body = [Let("parts", kir.cast(word(i32(n4), 0), "i32")),
-            For("s", lid(), parts, [Assign(lo, min_nan(lvar(lo, "f32"), word(n4 + 1 + s, 0))),
+            For("s", lid() if li is None else li, parts, [Assign(lo, min_nan(lvar(lo, "f32"), word(n4 + 1 + s, 0))),
                                     Assign(nh, min_nan(lvar(nh, "f32"), word(n4 + 1 + s, 1)))], step=wg)]
     return body, kir.select(kir.binary("eq", parts, i32(0)), i32(n4), i32(0))
