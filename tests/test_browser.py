@@ -274,12 +274,13 @@ def test_integer_products_in_every_variant(page, server, sites):
     """An integer product whose sums of A'B' pass 2^24 (test_quant.extreme_integer_product) on
     SwiftShader in each kernel variant, equal to numpy's int64 product: subgroup-broadcast in
     'cpu-sg4' (exact f32 sums flushed to i32 every 1,024 values of K), dot4I8Packed in 'gpu' and
-    'cpu'; each after the elementwise dispatch that packs A into words."""
+    'cpu'; the CPU variants after the elementwise dispatch that packs A into words, 'gpu' packing A
+    where it loads it (passes.pack_in_products)."""
     from .test_quant import extreme_integer_product
     model, feeds, ref = extreme_integer_product()
     _one_dispatch_in_every_variant(page, server, sites, "int8_extreme", model, feeds,
-                                   {v: ["elementwise", k] for v, k in (("cpu-sg4", "subgroup-broadcast"),
-                                                                       ("gpu", "split-k"), ("cpu", "register-blocked"))},
+                                   {"cpu-sg4": ["elementwise", "subgroup-broadcast"], "gpu": ["split-k"],
+                                    "cpu": ["elementwise", "register-blocked"]},
                                    ref=ref)
 
 
