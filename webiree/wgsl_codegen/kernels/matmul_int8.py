@@ -138,12 +138,7 @@ def _quantizing(builder, op: P.MatMul, prog, cfg, limits, b: Binder):
     for k in range(4):
         scan += [Assign(QA + "lo", min_nan(lo, kir.lane(v, k))), Assign(QA + "nh", min_nan(nh, -kir.lane(v, k)))]
     pre += reads + [For(QA + "i", li, scan_end, scan, step=wg)]
-    pre += tree(QA + "lo_s", wg, min_nan, lo, "f32", twin=(QA + "nh_s", nh), li=li)
-    pre += [Let(QA + "min", kir.minimum(kir.sload(QA + "lo_s", i32(0), "f32"), kir.f32(0.0))),
-            Let(QA + "negmax", kir.minimum(kir.sload(QA + "nh_s", i32(0), "f32"), kir.f32(0.0)))]
-    x_min = lvar(QA + "min", "f32")
-    pre += [Let(QA + "scale", P.dynamic_quant_scale(x_min, lvar(QA + "negmax", "f32")))]
-    pre += [Let(QA + "zp", P.dynamic_quant_zero_point(x_min, lvar(QA + "scale", "f32")))]
+    pre += scale_and_zero_point(lo, nh, wg, (QA + "lo_s", QA + "nh_s"), (QA + "min", QA + "negmax", QA + "scale", QA + "zp"), li)
     words = prog.root(q.out)
     after = {n4: kir.bitcast(lvar(QA + "scale", "f32"), "u32"), n4 + 1: kir.cast(lvar(QA + "zp", "i32"), "u32")}
     wid = (kir.WID[2] * kir.NWG[1] + kir.WID[1]) * kir.NWG[0] + kir.WID[0]
@@ -467,6 +462,21 @@ def range_unroll(limits: dict) -> int:
     return 4 if limits.get("device_class") == "cpu" else 8
 
 
+def scale_and_zero_point(lo, nh, wg: int, shared: tuple, names: tuple, li=None) -> list:
+    """Statements reducing each invocation's minima `lo` of x and `nh` of -x across the workgroup
+    (one tree, into the two workgroup arrays `shared`), then binding DynamicQuantizeLinear's
+    x_min, neg_max, scale and zero point to `names` (ir/program.py's arithmetic): the range-pack's
+    and the product that quantizes its own A (_quantizing) compute them alike, so their words
+    are the same bits."""
+    lo_s, nh_s = shared
+    x_min, neg_max, scale, zp = names
+    body = tree(lo_s, wg, min_nan, lo, "f32", twin=(nh_s, nh), li=li)     # both minima in one tree's steps
+    body += [Let(x_min, kir.minimum(kir.sload(lo_s, i32(0), "f32"), kir.f32(0.0))),
+             Let(neg_max, kir.minimum(kir.sload(nh_s, i32(0), "f32"), kir.f32(0.0)))]
+    body += [Let(scale, P.dynamic_quant_scale(lvar(x_min, "f32"), lvar(neg_max, "f32")))]
+    return body + [Let(zp, P.dynamic_quant_zero_point(lvar(x_min, "f32"), lvar(scale, "f32")))]
+
+
 def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
     """DynamicQuantizeLinear's range, parameters and packed words (P.QuantizeWords) in one
     dispatch, 'range-pack': every workgroup reduces the whole of x (the minima of x and of -x, as
@@ -510,14 +520,8 @@ def build_quantize_words(op: P.QuantizeWords, prog, cfg, limits, b: Binder):
     lo, nh = lvar("lo0", "f32"), lvar("nh0", "f32")
     for u in range(1, unroll):
         lo, nh = min_nan(lo, lvar(f"lo{u}", "f32")), min_nan(nh, lvar(f"nh{u}", "f32"))
-    body += tree("red", wg, min_nan, lo, "f32", twin=("red1", nh))      # both minima in one tree's steps
-    body += [Let("x_min", kir.minimum(kir.sload("red", i32(0), "f32"), kir.f32(0.0))),
-             Let("neg_max", kir.minimum(kir.sload("red1", i32(0), "f32"), kir.f32(0.0)))]
-    x_min = lvar("x_min", "f32")
-    body += [Let("scale", P.dynamic_quant_scale(x_min, lvar("neg_max", "f32")))]
-    scale = lvar("scale", "f32")
-    body += [Let("zp", P.dynamic_quant_zero_point(x_min, scale))]
-    zp = lvar("zp", "i32")
+    body += scale_and_zero_point(lo, nh, wg, ("red", "red1"), ("x_min", "neg_max", "scale", "zp"))
+    scale, zp = lvar("scale", "f32"), lvar("zp", "i32")
 
     def q(val):     # q - 128: the signed byte a word holds
         return P.dynamic_quant_value(val, scale, zp) - 128
