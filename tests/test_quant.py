@@ -654,6 +654,60 @@ def test_qdq_layers_that_differ_in_scales_and_zero_points_share_executables(tmp_
     assert sorted(int(w) for a in lifted for w in a if w in (120, 125)) == [120, 125], lifted
 
 
+def _qdq_product_with_no_norm(rng, m_: int, k: int):
+    """quantize_static's product as MobileBERT has them: x's NoNorm (x * s + t, a value a
+    channel) -> Q/DQ -> MatMul (per-column int8 weights) + bias, then the next NoNorm and two
+    residuals r and r2."""
+    from onnx import numpy_helper
+    w = rng.integers(-128, 128, size=(k, k)).astype(np.int8)
+    f32 = lambda name, a: numpy_helper.from_array(np.asarray(a, np.float32), name)
+    inits = [helper.make_tensor("w", T.INT8, [k, k], w.tobytes(), raw=True),
+             f32("ws", rng.random(k) * 0.004 + 0.001), numpy_helper.from_array(np.zeros(k, np.int8), "wz"),
+             f32("b", rng.standard_normal(k)), f32("gamma", rng.random(k) + 0.5), f32("beta", rng.standard_normal(k)),
+             f32("s", rng.random(k) + 0.5), f32("t", rng.standard_normal(k)),
+             f32("xs", 0.05), numpy_helper.from_array(np.array(131, np.uint8), "xz")]
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xm"]), helper.make_node("Add", ["xm", "t"], ["xn"]),
+             helper.make_node("QuantizeLinear", ["xn", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["mb"]),
+             helper.make_node("Mul", ["mb", "gamma"], ["g"]), helper.make_node("Add", ["g", "beta"], ["n"]),
+             helper.make_node("Add", ["n", "r"], ["nr"]), helper.make_node("Add", ["nr", "r2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, T.FLOAT, [m_, k]) for n in ("x", "r", "r2")],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [m_, k])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    return model, {n: (rng.standard_normal((m_, k)) * 3).astype(np.float32) for n in ("x", "r", "r2")}
+
+
+@pytest.mark.parametrize("limits", ["default", "cpu"])
+def test_a_product_and_its_packer_stack_their_constants_to_fit_the_bindings(tmp_path, monkeypatch, limits):
+    """A QDQ product with its bias, a NoNorm and a residual would bind 9 buffers with its packing
+    (x, the words of B, their column sums, the scales, the bias, the NoNorm's two, the residual, its
+    output): the small f32 constants are stacked into one (passes._fits_packed), and on GPUs the
+    product then packs A in its loads, one dispatch. The same values as the build without the
+    packings in the products, and onnxruntime's to its rounding."""
+    from webiree.compiler import passes
+    model, feeds = _qdq_product_with_no_norm(np.random.default_rng(17), 16, 128)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    monkeypatch.setattr(passes, "PACKED_STACK_BYTES", 0)        # no stacking
+    (unstacked,), res1, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    monkeypatch.setattr(passes, "pack_in_products", lambda prog, **kw: prog)
+    (unpacked,), res0, _ = compile_and_run(model, feeds, tmp_path, limits=limits)
+    np.testing.assert_array_equal(got, unpacked)
+    np.testing.assert_array_equal(unstacked, unpacked)
+    (ref,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+    kinds = [[d.kind for d in r.dispatches] for r in (res, res1, res0)]
+    # one new stack: the fusion's (the bias and the NoNorms' constants, 4 x 128) with x's NoNorm's 2 x 128
+    stacks = [(t.dtype, t.shape) for t in res.program.tensors.values() if ":stack" in t.name and t.name not in res1.program.tensors]
+    if limits == "cpu":     # the packing stays a dispatch; its kernel and the product's read the stack all the same
+        assert kinds == [["generic", "matmul"]] * 3, kinds
+    else:
+        assert kinds == [["matmul"], ["generic", "matmul"], ["generic", "matmul"]], kinds
+        assert res.module.info["dispatches"][0]["precision"].endswith(", packs A in its loads")
+    assert stacks == [("f32", (768,))], stacks
+
+
 def _producers_model(rng, m_: int, k: int, heads: int):
     """Three range-packs, each of another producer's result: a LayerNormalization, a product with
     its bias and Relu, and a batched product whose heads a Transpose and a Reshape put back side by

@@ -286,14 +286,26 @@ def _stack_constants_of(prog: Program, exprs: list, keep=()) -> list:
     """`_stack_constants` over the expressions of one kernel (an Attention's prologues and
     epilogues): one stacked constant of each element type for all of them, `exprs` returned in
     order (None stays None)."""
+    stacks, fn = _stacking(prog, exprs, keep)
+    if not stacks:
+        return list(exprs)
+    prog.tensors.update(stacks)
+    return [None if e is None else kir.substitute(e, {"__fn__": fn}) for e in exprs]
+
+
+def _stacking(prog: Program, exprs: list, keep=(), max_bytes: int = STACK_CONSTANT_BYTES):
+    """The stacking `_stack_constants_of` does, not yet applied: (the new constants, by name; the
+    substitution function that moves each load to its part of one), ({}, a function changing
+    nothing) where no type has two constants to stack. The caller adds the constants to `prog`."""
     groups: dict[str, list[str]] = {}
     for name in dict.fromkeys(n.attr for e in exprs if e is not None for n in kir.loads_of(e)):
         t = prog.tensors.get(name)
         if t is None or t.kind != "const" or t.data is None or t.alias_of is not None or name in keep:
             continue
-        if 4 * t.data.size <= STACK_CONSTANT_BYTES:
+        if 4 * t.data.size <= max_bytes:
             groups.setdefault(t.dtype, []).append(name)
-    mapping = {}
+    mapping, stacks = {}, {}
+    count = sum(1 for n in prog.tensors if ':stack' in n)
     for dtype, names in groups.items():
         if len(names) < 2:
             continue
@@ -301,19 +313,17 @@ def _stack_constants_of(prog: Program, exprs: list, keep=()) -> list:
         for n in names:
             offsets[n] = at
             at += prog.tensors[n].data.size
-        sname = f"{names[0]}:stack{sum(1 for n in prog.tensors if ':stack' in n)}"
+        sname = f"{names[0]}:stack{count + len(stacks)}"
         data = np.concatenate([np.ascontiguousarray(prog.tensors[n].data).reshape(-1) for n in names])
-        prog.tensors[sname] = Tensor(sname, (at,), dtype, kind="const", data=data)
+        stacks[sname] = Tensor(sname, (at,), dtype, kind="const", data=data)
         mapping.update({n: (sname, off) for n, off in offsets.items()})
-    if not mapping:
-        return list(exprs)
 
     def fn(node):
         if node.op == "load" and node.attr in mapping:
             sname, off = mapping[node.attr]
             return kir.load(sname, kir.substitute(node.args[0], {"__fn__": fn}) + off, node.dtype)
         return None
-    return [None if e is None else kir.substitute(e, {"__fn__": fn}) for e in exprs]
+    return stacks, fn
 
 
 def fuse(prog: Program, max_bindings: int = 8, table_below: int = 256) -> Program:
@@ -979,9 +989,11 @@ def lift_literals(prog: Program, max_bindings: int = 8, table_below: int = 256) 
 def _substituted(op, mapping: dict):
     """`op` with `mapping` (constant node -> Expr) applied to every expression it holds, outside
     loads' indices (where the same constant stays: `_skeleton`)."""
-    def fn(node):
-        return node if node.op == "load" else mapping.get(node)
+    return dataclasses.replace(op, **_rewritten_fields(op, lambda node: node if node.op == "load" else mapping.get(node)))
 
+
+def _rewritten_fields(op, fn) -> dict:
+    """The fields of `op` that hold expressions, each rewritten by `fn` (kir.substitute's __fn__)."""
     def value(v):
         if isinstance(v, kir.Expr):
             return kir.substitute(v, {"__fn__": fn})
@@ -991,9 +1003,8 @@ def _substituted(op, mapping: dict):
             new = [value(x) for x in v]
             return v if all(a is b for a, b in zip(new, v)) else type(v)(new)
         return v
-    changes = {f.name: value(getattr(op, f.name)) for f in dataclasses.fields(op)
-               if isinstance(getattr(op, f.name), (kir.Expr, dict, list, tuple))}
-    return dataclasses.replace(op, **changes)
+    return {f.name: value(getattr(op, f.name)) for f in dataclasses.fields(op)
+            if isinstance(getattr(op, f.name), (kir.Expr, dict, list, tuple))}
 
 
 # the kernels whose every store to their output is a final value, once per element (checked in
@@ -1036,9 +1047,12 @@ def pack_in_products(prog: Program, max_bindings: int, table_below: int) -> Prog
       ranges_from_producers), which the product repeats: it reduces the producer's minima, then
       quantizes. Other ops may read the scale and zero point after the words (attention's
       prologue, for Q, K and V) where they run after the product, which then stores them.
-    CPU variants keep the packer's dispatch: a CPU renderer's register blocks would pack A again
-    for every block of columns. Runs last before memory planning: the product's reads then include
-    the packer's, so what it reads outlives the product in every variant."""
+    An elementwise packer of A that computes more than PACKER_MAX_COST a word stays a dispatch, and
+    a pair that would pass `max_bindings` stacks its small constants to fit (_fits_packed) or
+    stays two dispatches. CPU variants keep the packer's dispatch: a CPU renderer's register
+    blocks would pack A again for every block of columns. Runs last before memory planning: the
+    product's reads then include the packer's, so what it reads outlives the product in every
+    variant."""
     readers: dict = {}
     for op in prog.ops:
         for r in op.reads():
@@ -1054,14 +1068,16 @@ def pack_in_products(prog: Program, max_bindings: int, table_below: int) -> Prog
         b_side = [u for u in users if isinstance(q, Generic) and isinstance(u, MatMul) and u.int8
                   and prog.root(u.b) == words and prog.root(u.a) != words and not u.b_batch]
         if len(users) == 1 and b_side:      # B's words (a QDQ convolution's image), read by this product alone
-            reads = (set(b_side[0].reads()) - {b_side[0].b, words}) | set(q.reads())
-            if _bindings(prog, reads, table_below) + 1 <= max_bindings:
+            if _fits_packed(prog, b_side[0], q, lambda p, q: (set(p.reads()) - {p.b, words}) | set(q.reads()),
+                            max_bindings, table_below):
                 b_side[0].b_packer = q
             continue
         prods = [u for u in users if isinstance(u, MatMul) and u.int8 and u.a_words and prog.root(u.a) == words]
         if len(prods) != 1 or prods[0].batch:
             continue
         p = prods[0]
+        if isinstance(q, Generic) and kir.cost(q.expr) > PACKER_MAX_COST:
+            continue
         tail = {q.n // 4, q.n // 4 + 1} if isinstance(q, QuantizeWords) else set()   # the scale's and zero point's words
 
         def tail_only(op, a=None) -> bool:      # every read of the words (but A's) is of the tail
@@ -1073,11 +1089,56 @@ def pack_in_products(prog: Program, max_bindings: int, table_below: int) -> Prog
         # the others read the tail after the product (which then writes it), never before
         if not tail_only(p, p.a) or not all(tail_only(u) and at[id(u)] > at[id(p)] for u in users if u is not p):
             continue
-        reads = (set(p.reads()) - {p.a, words}) | set(q.reads()) | {getattr(q, "partials", "")} - {""}
-        if _bindings(prog, reads | ({words} if isinstance(q, QuantizeWords) else set()), table_below) + 1 > max_bindings:
-            continue
-        p.packer = q
+        def reads(p, q):    # (a range-pack's product writes the words' tail: it binds them)
+            return ((set(p.reads()) - {p.a, words}) | set(q.reads()) | {getattr(q, "partials", "")} - {""}
+                    | ({words} if isinstance(q, QuantizeWords) else set()))
+        if _fits_packed(prog, p, q, reads, max_bindings, table_below):
+            p.packer = q
     return prog
+
+
+# The most an elementwise packer of A may compute per word (kir.cost) to move into its product's
+# loads, where every workgroup along the product's columns computes it again (QDQ MiniLM's products
+# have 36-48 of them). A QuantizeLinear of a loaded value costs 37, one of a dequantized integer
+# product 65-71. QDQ MiniLM's attention-output packings (103: the attention's result permuted) and
+# FFN-out ones (129-145: the FFN-in product dequantized, GELU's erf), moved in besides those of
+# 37, made the model 1.18x slower on an H100 (64 dispatches against 89; docs/performance.md, "The
+# packings in the products"). B's packers (a convolution's image) are computed again per block of
+# rows, of which a pointwise convolution has a few: they move in at any cost.
+PACKER_MAX_COST = 96
+PACKED_STACK_BYTES = 16384      # what a product and its packer may stack (a layer's biases, scales, column sums)
+
+
+def _fits_packed(prog: Program, p, q, reads, max_bindings: int, table_below: int) -> bool:
+    """Whether product `p` with packer `q` fits `max_bindings` (its output's included), `reads(p,
+    q)` being what the pair reads. Where it would not, their expressions' small constants of each
+    element type are stacked (`_stacking`; the constant table's are left as they are), and if that
+    fits, `p` and `q` are rewritten in place to read the stacks: two of QDQ MobileNetV2's pointwise
+    convolutions, whose image's packer finishes the depthwise convolution before them (its bias
+    and clip) and whose epilogue adds the residual, each with lifted literals. The values and the
+    arithmetic are the same; the CPU variants' packer dispatch reads the stack too."""
+    if _bindings(prog, reads(p, q), table_below) + 1 <= max_bindings:
+        return True
+    exprs = _exprs_of(p) + _exprs_of(q)
+    fields = {prog.root(t) for op in (p, q) for t in getattr(op, "inputs", lambda: [])()}
+    fields |= {prog.root(q.partials)} if getattr(q, "partials", "") else set()
+    tabled = {n.attr for e in exprs for n in kir.loads_of(e)
+              if (t := prog.tensors.get(n.attr)) is not None and in_constant_table(t, table_below)}
+    stacks, fn = _stacking(prog, exprs, keep=fields | tabled, max_bytes=PACKED_STACK_BYTES)
+    if not stacks:
+        return False
+    for t in stacks.values():
+        t.pack = packing.choose(t.data)     # (pack_constants has run)
+    prog.tensors.update(stacks)
+    p2, q2 = (dataclasses.replace(op, **_rewritten_fields(op, fn)) for op in (p, q))
+    if _bindings(prog, reads(p2, q2), table_below) + 1 > max_bindings:
+        for name in stacks:
+            del prog.tensors[name]
+        return False
+    for op in (p, q):
+        for name, value in _rewritten_fields(op, fn).items():
+            setattr(op, name, value)
+    return True
 
 
 def _exprs_of(op) -> list:
