@@ -681,9 +681,10 @@ def _qdq_product_with_no_norm(rng, m_: int, k: int):
 
 @pytest.mark.parametrize("limits", ["default", "cpu"])
 def test_a_product_and_its_packer_stack_their_constants_to_fit_the_bindings(tmp_path, monkeypatch, limits):
-    """A QDQ product with its bias, a NoNorm and a residual would bind 9 buffers with its packing
-    (x, the words of B, their column sums, the scales, the bias, the NoNorm's two, the residual, its
-    output): the small f32 constants are stacked into one (passes._fits_packed), and on GPUs the
+    """A QDQ product between two NoNorms, with two residuals, would bind 9 buffers with its packing
+    (x and its NoNorm's two constants, read by the packing; the words of B, their column sums, the
+    fusion's stack of the scales, bias and second NoNorm, r, r2 and the output): the packing's and
+    the product's f32 constants are stacked into one (passes._fits_packed), and on GPUs the
     product then packs A in its loads, one dispatch. The same values as the build without the
     packings in the products, and onnxruntime's to its rounding."""
     from webiree.compiler import passes
@@ -706,6 +707,22 @@ def test_a_product_and_its_packer_stack_their_constants_to_fit_the_bindings(tmp_
         assert kinds == [["matmul"], ["generic", "matmul"], ["generic", "matmul"]], kinds
         assert res.module.info["dispatches"][0]["precision"].endswith(", packs A in its loads")
     assert stacks == [("f32", (768,))], stacks
+
+
+def test_a_packer_that_costs_more_than_the_bound_keeps_its_dispatch(tmp_path, monkeypatch):
+    """An elementwise packer of A that computes more than passes.PACKER_MAX_COST a word stays a
+    dispatch on GPUs (every column block of the product would compute it again: QDQ MiniLM's
+    FFN-out packings made it 1.18x slower on an H100). The packer here (x's NoNorm, then
+    QuantizeLinear) costs less than the bound, so it moves in; with the bound below its cost it
+    stays a dispatch. The same values either way."""
+    from webiree.compiler import passes
+    model, feeds = _qdq_product_with_no_norm(np.random.default_rng(17), 16, 128)
+    (got,), res, _ = compile_and_run(model, feeds, tmp_path)
+    monkeypatch.setattr(passes, "PACKER_MAX_COST", 20)
+    (kept,), res1, _ = compile_and_run(model, feeds, tmp_path)
+    np.testing.assert_array_equal(got, kept)
+    kinds = [[d.kind for d in r.dispatches] for r in (res, res1)]
+    assert kinds == [["matmul"], ["generic", "matmul"]], kinds
 
 
 def _producers_model(rng, m_: int, k: int, heads: int):

@@ -1130,13 +1130,13 @@ def _fits_packed(prog: Program, p, q, reads, max_bindings: int, table_below: int
     for t in stacks.values():
         t.pack = packing.choose(t.data)     # (pack_constants has run)
     prog.tensors.update(stacks)
-    p2, q2 = (dataclasses.replace(op, **_rewritten_fields(op, fn)) for op in (p, q))
-    if _bindings(prog, reads(p2, q2), table_below) + 1 > max_bindings:
+    changes = [_rewritten_fields(op, fn) for op in (p, q)]
+    if _bindings(prog, reads(*(dataclasses.replace(op, **c) for op, c in zip((p, q), changes))), table_below) + 1 > max_bindings:
         for name in stacks:
             del prog.tensors[name]
         return False
-    for op in (p, q):
-        for name, value in _rewritten_fields(op, fn).items():
+    for op, c in zip((p, q), changes):
+        for name, value in c.items():
             setattr(op, name, value)
     return True
 
