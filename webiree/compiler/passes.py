@@ -1101,7 +1101,7 @@ def pack_in_products(prog: Program, max_bindings: int, table_below: int) -> Prog
 # loads, where every workgroup along the product's columns computes it again (QDQ MiniLM's products
 # have 36-48 of them). A QuantizeLinear of a loaded value costs 37, one of a dequantized integer
 # product 65-71. QDQ MiniLM's attention-output packings (103: the attention's result permuted) and
-# FFN-out ones (129-145: the FFN-in product dequantized, GELU's erf), moved in besides those of
+# FFN-out ones (117-133: the FFN-in product dequantized, GELU's erf), moved in besides those of
 # 37, made the model 1.18x slower on an H100 (64 dispatches against 89; docs/performance.md, "The
 # packings in the products"). B's packers (a convolution's image) are computed again per block of
 # rows, of which a pointwise convolution has a few: they move in at any cost.
